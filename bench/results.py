@@ -1,0 +1,209 @@
+"""Results file schema (version 1): build, validate, read, write, merge. Standard library only.
+
+`bench/` writes these files and `ci/` reads them without importing torch. The contract is
+`shared/spec/pipeline.md` ("Results file"); `validate` enforces every required field so a file
+that would mislead the decision step is rejected when written, not when a PR is already open.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+OPS = ("sliding", "compressed", "selected", "nsa_prefill", "nsa_decode", "dense")
+STATUSES = ("ok", "skipped", "failed")
+RUN_FIELDS = ("id", "created_at", "git_sha", "command")
+MACHINE_FIELDS = ("gpu_name", "sm", "driver", "cuda", "torch", "triton", "flash_attn", "python")
+TIMING_FIELDS = ("samples_ms", "median_ms", "p20_ms", "p80_ms")
+PARITY_FIELDS = ("max_abs_err", "rel_err", "tol", "passed")
+
+# Order and short names of the params that make up a case id; anything else is appended sorted.
+_ID_KEYS = (("B", "B"), ("T", "T"), ("Hq", "Hq"), ("Hkv", "Hkv"), ("Dk", "D"), ("Dv", "Dv"),
+            ("window", "w"), ("block", "l"), ("stride", "d"), ("sel_block", "ls"),
+            ("sel_count", "n"))
+
+
+class ResultsError(ValueError):
+    """A results file is missing, unreadable or breaks the schema."""
+
+
+def case_id(suite: str, op: str, backend: str, params: Mapping[str, Any]) -> str:
+    """Stable readable id: `suite/op/backend/B1-T8192-Hq8-Hkv2-D64-w512-bf16`.
+
+    `Dv` is shown only where it differs from `Dk`; the dtype is always last.
+    """
+    parts = []
+    used = {"dtype"}
+    for key, short in _ID_KEYS:
+        if key not in params:
+            continue
+        used.add(key)
+        if key == "Dv" and params.get("Dk") == params["Dv"]:
+            continue
+        parts.append(f"{short}{params[key]}")
+    for key in sorted(k for k in params if k not in used):
+        parts.append(f"{key}{params[key]}")
+    if "dtype" in params:
+        parts.append(str(params["dtype"]))
+    return f"{suite}/{op}/{backend}/{'-'.join(parts)}"
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolation quantile of already sorted values (numpy's default method)."""
+    if not sorted_values:
+        raise ResultsError("quantile of no samples; a timed case needs at least one sample")
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def timing_summary(samples_ms: Iterable[float]) -> dict[str, Any]:
+    """The `timing` object of a case: raw samples plus median, p20 and p80 (milliseconds)."""
+    samples = [float(s) for s in samples_ms]
+    if not samples or any(not math.isfinite(s) or s < 0 for s in samples):
+        raise ResultsError(f"samples_ms must be finite, non-negative and non-empty, got {samples[:5]}")
+    ordered = sorted(samples)
+    return {
+        "samples_ms": samples,
+        "median_ms": statistics.median(ordered),
+        "p20_ms": quantile(ordered, 0.2),
+        "p80_ms": quantile(ordered, 0.8),
+    }
+
+
+def _require(obj: Any, fields: Iterable[str], where: str, errors: list[str]) -> None:
+    if not isinstance(obj, Mapping):
+        errors.append(f"{where} must be an object, got {type(obj).__name__}")
+        return
+    for name in fields:
+        if name not in obj:
+            errors.append(f"{where}.{name} is missing")
+
+
+def _has_nan(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, Mapping):
+        return any(_has_nan(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_nan(v) for v in value)
+    return False
+
+
+def validate(doc: Any) -> list[str]:
+    """Every way `doc` breaks schema version 1, as readable strings (empty when valid)."""
+    errors: list[str] = []
+    if not isinstance(doc, Mapping):
+        return [f"a results file must hold a JSON object, got {type(doc).__name__}"]
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        errors.append(f"schema_version must be {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
+    _require(doc.get("run"), RUN_FIELDS, "run", errors)
+    _require(doc.get("machine"), MACHINE_FIELDS, "machine", errors)
+    cases = doc.get("cases")
+    if not isinstance(cases, list):
+        errors.append("cases must be a list")
+        return errors
+    seen: set[str] = set()
+    for i, case in enumerate(cases):
+        where = f"cases[{i}]"
+        _require(case, ("id", "suite", "op", "backend", "params", "status", "reason"), where, errors)
+        if not isinstance(case, Mapping):
+            continue
+        where = f"case {case.get('id', i)!r}"
+        if case.get("id") in seen:
+            errors.append(f"{where} appears twice; case ids must be unique")
+        seen.add(case.get("id"))
+        if case.get("op") not in OPS:
+            errors.append(f"{where}: op must be one of {OPS}, got {case.get('op')!r}")
+        if case.get("backend") == "auto":
+            errors.append(f"{where}: backend must name the backend that ran, never 'auto'")
+        status = case.get("status")
+        if status not in STATUSES:
+            errors.append(f"{where}: status must be one of {STATUSES}, got {status!r}")
+        timing = case.get("timing")
+        if status == "ok":
+            _require(timing, TIMING_FIELDS, f"{where}.timing", errors)
+            if isinstance(timing, Mapping) and not timing.get("samples_ms"):
+                errors.append(f"{where}.timing.samples_ms must not be empty")
+        elif timing is not None:
+            errors.append(f"{where}: a {status} case must have no timing")
+        if status in ("skipped", "failed") and not case.get("reason"):
+            errors.append(f"{where}: a {status} case needs a reason")
+        if case.get("parity") is not None:
+            _require(case["parity"], PARITY_FIELDS, f"{where}.parity", errors)
+        if _has_nan(case):
+            errors.append(f"{where} holds NaN or infinity; record the case as failed instead")
+    return errors
+
+
+def check(doc: Any, source: str = "results") -> dict[str, Any]:
+    """Return `doc` if valid, else raise ResultsError listing every problem."""
+    errors = validate(doc)
+    if errors:
+        shown = "\n  ".join(errors[:20])
+        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
+        raise ResultsError(f"{source} breaks results schema v{SCHEMA_VERSION}:\n  {shown}{more}")
+    return dict(doc)
+
+
+def load(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate one results file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ResultsError(f"cannot read results file {p}: {exc.strerror}; check the path") from None
+    try:
+        doc = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{p} is not valid JSON ({exc}); regenerate it with `python -m bench`") from None
+    return check(doc, str(p))
+
+
+def _reject_constant(name: str) -> float:
+    raise ResultsError(f"results hold {name}; NaN and infinity never appear in a valid file")
+
+
+def dumps(doc: Mapping[str, Any]) -> str:
+    return json.dumps(check(doc), indent=1, sort_keys=False, allow_nan=False) + "\n"
+
+
+def dump(doc: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Validate, then write atomically (a crash never leaves half a file)."""
+    text = dumps(doc)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, p)
+    return p
+
+
+def merge(docs: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Merge shard files of one run (one process per GPU) into one document.
+
+    Shards must come from one machine kind; `run` and `machine` are taken from the first, and
+    the GPU each shard ran on is kept per case in `params`-independent field `device_index`.
+    """
+    if not docs:
+        raise ResultsError("merge needs at least one results document")
+    first = check(docs[0])
+    gpu = first["machine"]["gpu_name"]
+    merged = {**first, "cases": []}
+    for doc in docs:
+        doc = check(doc)
+        if doc["machine"]["gpu_name"] != gpu:
+            raise ResultsError(
+                f"shards come from different GPUs ({gpu!r} and {doc['machine']['gpu_name']!r}); "
+                "run one sweep per GPU kind")
+        merged["cases"].extend(doc["cases"])
+    return check(merged, "merged results")

@@ -1,0 +1,57 @@
+"""Visibility rules of the three branches, as boolean masks over token positions.
+
+One definition serves prefill (queries at positions 0..T-1) and decode (one query at position t,
+keys from a cache): every fast path and backend builds its masks or bounds from these functions.
+The fp64 oracle (`nsa.reference`) re-derives the rules independently with per-token loops.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def n_compressed(seq_len: int, block: int, stride: int) -> int:
+    """Number of compressed tokens for `seq_len` raw tokens: token i covers `[i*d, i*d + l)`."""
+    return 0 if seq_len < block else (seq_len - block) // stride + 1
+
+
+def cmp_visible_count(pos: Tensor, block: int, stride: int) -> Tensor:
+    """`n_cmp(t)`: compressed tokens whose block is complete at position t (`i*d + l - 1 <= t`)."""
+    return torch.where(pos + 1 < block, torch.zeros_like(pos), (pos + 1 - block) // stride + 1)
+
+
+def positions(start: int, length: int, device: torch.device | str) -> Tensor:
+    return torch.arange(start, start + length, device=device)
+
+
+def sliding_mask(q_pos: Tensor, k_pos: Tensor, window: int) -> Tensor:
+    """`[Tq, Tk]`: key s visible to query t iff `t - w < s <= t`."""
+    diff = q_pos[:, None] - k_pos[None, :]
+    return (diff >= 0) & (diff < window)
+
+
+def compressed_mask(q_pos: Tensor, n_cmp_keys: int, block: int, stride: int) -> Tensor:
+    """`[Tq, Tc]`: compressed token i visible to query t iff its block ends at or before t."""
+    idx = torch.arange(n_cmp_keys, device=q_pos.device)
+    return idx[None, :] < cmp_visible_count(q_pos, block, stride)[:, None]
+
+
+def selected_block_onehot(block_indices: Tensor, n_blocks: int) -> Tensor:
+    """`[B, Tq, Hkv, n_blocks]` bool from `[B, Tq, Hkv, n]` indices (`-1` = empty slot)."""
+    valid = block_indices >= 0
+    idx = torch.where(valid, block_indices, torch.zeros_like(block_indices)).clamp_max(n_blocks - 1)
+    in_range = valid & (block_indices < n_blocks)
+    # Count hits per block, so duplicate indices cannot unset a block (scatter of bools would).
+    counts = torch.zeros(*block_indices.shape[:-1], n_blocks, dtype=torch.int32, device=block_indices.device)
+    counts.scatter_add_(-1, idx, in_range.to(torch.int32))
+    return counts > 0
+
+
+def selected_mask(block_indices: Tensor, q_pos: Tensor, k_pos: Tensor, sel_block: int) -> Tensor:
+    """`[B, Hkv, Tq, Tk]`: key s visible to query t iff s's block is selected for t and `s <= t`."""
+    n_blocks = int(k_pos.max().item()) // sel_block + 1 if k_pos.numel() else 1
+    onehot = selected_block_onehot(block_indices, n_blocks)          # [B, Tq, Hkv, Nb]
+    by_key = onehot[..., k_pos // sel_block]                         # [B, Tq, Hkv, Tk]
+    causal = k_pos[None, :] <= q_pos[:, None]                        # [Tq, Tk]
+    return by_key.permute(0, 2, 1, 3) & causal

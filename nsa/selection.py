@@ -1,0 +1,82 @@
+"""Block selection (paper Eq. 9-12): compressed-attention scores -> top-n blocks per KV group."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nsa.masks import cmp_visible_count
+
+# Elements of one chunk's [B, Hq, C, Tc] score tensor; bounds prefill memory (see select_topn).
+CHUNK_ELEMENTS = 1 << 26
+
+
+def overlap_weights(n_cmp: int, n_blocks: int, block: int, stride: int, sel_block: int,
+                    device: torch.device | str, dtype: torch.dtype) -> Tensor:
+    """`[Tc, Nb]`: tokens shared by compressed block i `[i*d, i*d+l)` and selection block j."""
+    start = torch.arange(n_cmp, device=device)[:, None] * stride
+    lo = torch.arange(n_blocks, device=device)[None, :] * sel_block
+    overlap = torch.minimum(start + block, lo + sel_block) - torch.maximum(start, lo)
+    return overlap.clamp_min(0).to(dtype)
+
+
+def compressed_probs(q: Tensor, k_cmp: Tensor, q_pos: Tensor, *, block: int, stride: int,
+                     scale: float) -> Tensor:
+    """`p_cmp`, `[B, Hq, Tq, Tc]`: softmax over the visible compressed keys; 0 where none is visible.
+
+    Computed in fp32 for half inputs (ranks must not depend on bf16 rounding), else in the input dtype.
+    """
+    acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    hq, hkv = q.shape[2], k_cmp.shape[2]
+    kq = k_cmp.to(acc).repeat_interleave(hq // hkv, dim=2)
+    logits = torch.einsum("bthd,bshd->bhts", q.to(acc), kq) * scale
+    visible = torch.arange(k_cmp.shape[1], device=q.device)[None, :] < cmp_visible_count(
+        q_pos, block, stride)[:, None]
+    logits = logits.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.nan_to_num(probs, nan=0.0)  # rows with nothing visible: exactly 0
+
+
+def select_topn(group_scores: Tensor, q_pos: Tensor, *, sel_block: int, sel_count: int) -> Tensor:
+    """Top-n blocks from group scores `[B, Hkv, Tq, Nb]` -> indices `[B, Tq, Hkv, sel_count]`.
+
+    Forced: block 0, the current block and the previous one. Candidates: `j * l' <= t`. Ties go to
+    the lower index (stable sort). Rows list the chosen blocks ascending, padded with `-1`.
+    """
+    n_blocks = group_scores.shape[-1]
+    j = torch.arange(n_blocks, device=q_pos.device)
+    cur = (q_pos // sel_block)[:, None]
+    candidate = j[None, :] <= cur
+    forced = (j[None, :] == 0) | (j[None, :] == cur) | (j[None, :] == cur - 1)
+    scores = group_scores.masked_fill(forced, float("inf")).masked_fill(~candidate, float("-inf"))
+    k = min(sel_count, n_blocks)
+    order = torch.sort(scores, dim=-1, descending=True, stable=True)
+    top_idx, top_val = order.indices[..., :k], order.values[..., :k]
+    top_idx = torch.where(top_val == float("-inf"), torch.full_like(top_idx, n_blocks), top_idx)
+    top_idx = torch.sort(top_idx, dim=-1).values
+    top_idx = torch.where(top_idx == n_blocks, torch.full_like(top_idx, -1), top_idx)
+    if k < sel_count:
+        pad = top_idx.new_full((*top_idx.shape[:-1], sel_count - k), -1)
+        top_idx = torch.cat([top_idx, pad], dim=-1)
+    return top_idx.permute(0, 2, 1, 3).contiguous()
+
+
+def select_blocks_impl(q: Tensor, k_cmp: Tensor, q_start: int, *, block: int, stride: int,
+                       sel_block: int, sel_count: int, scale: float) -> Tensor:
+    """Scores and top-n, chunked over queries: peak memory `O(B * Hq * C * Tc)` for a chunk of C
+    queries (C chosen so that is at most CHUNK_ELEMENTS), plus the `[Tc, Nb]` overlap weights."""
+    bsz, tq, hq, _ = q.shape
+    hkv = k_cmp.shape[2]
+    t_last = q_start + tq - 1
+    n_blocks = t_last // sel_block + 1
+    acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    weights = overlap_weights(k_cmp.shape[1], n_blocks, block, stride, sel_block, q.device, acc)
+    chunk = max(1, CHUNK_ELEMENTS // max(1, bsz * hq * max(k_cmp.shape[1], n_blocks)))
+    out = []
+    for c0 in range(0, tq, chunk):
+        q_pos = torch.arange(q_start + c0, q_start + min(tq, c0 + chunk), device=q.device)
+        p_cmp = compressed_probs(q[:, c0:c0 + chunk], k_cmp, q_pos, block=block, stride=stride, scale=scale)
+        p_slc = p_cmp @ weights                                          # [B, Hq, C, Nb]
+        group = p_slc.view(bsz, hkv, hq // hkv, *p_slc.shape[2:]).sum(2)  # Eq. 10
+        out.append(select_topn(group, q_pos, sel_block=sel_block, sel_count=sel_count))
+    return torch.cat(out, dim=1)

@@ -1,0 +1,116 @@
+"""NSAAttention against the fp64 oracle; cached decode against prefill; read counters; budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nsa import NSAAttention, NSAConfig, decode_read_budget, reference
+from tests.nsa.helpers import rand, rel_err
+
+SMALL = dict(dim=32, n_heads=4, n_kv_heads=2, head_dim_qk=16, head_dim_v=8, cmp_block=8, cmp_stride=4,
+             sel_block=16, sel_count=4, window=20)
+
+
+def _module(**over) -> NSAAttention:
+    m = NSAAttention(NSAConfig(**{**SMALL, **over}))
+    with torch.no_grad():
+        for p in m.parameters():       # non-trivial weights everywhere (biases too)
+            p.normal_(0, 0.3)
+    return m
+
+
+@pytest.mark.parametrize("over", [
+    {}, {"kv": "shared"}, {"phi": "mlp"}, {"n_heads": 16, "n_kv_heads": 1}, {"n_kv_heads": 4, "rope": False},
+], ids=["separate-avg", "shared", "mlp", "gqa16", "gqa1-norope"])
+@pytest.mark.parametrize("t", [1, 7, 53])
+def test_module_matches_oracle_fp32(over, t, seed):
+    m = _module(**over)
+    x = rand(2, t, 32)
+    with torch.no_grad():
+        assert rel_err(m(x), reference.module_forward(m, x)) < 1e-5
+
+
+def test_module_bf16_within_2x_of_sdpa_error(seed):
+    m = _module()
+    x = rand(1, 45, 32)
+    with torch.no_grad():
+        ref = reference.module_forward(m, x)
+        err32 = rel_err(m(x), ref)
+        err16 = rel_err(m.to(torch.bfloat16)(x.bfloat16()), ref)
+    assert err32 < 1e-5
+    assert err16 < 2e-2, f"bf16 module error {err16:.3g} is beyond bf16 rounding"
+
+
+@pytest.mark.parametrize("over", [{}, {"kv": "shared"}, {"phi": "mlp"}], ids=["separate", "shared", "mlp"])
+def test_decode_equals_prefill_every_position(over, seed):
+    m = _module(**over)
+    t_total = 75                  # crosses l=8, d=4, l'=16 and w=20 boundaries
+    x = rand(2, t_total, 32)
+    with torch.no_grad():
+        full = m(x)
+        for start in (0, 9, 33):
+            if start:
+                y0, cache = m.prefill(x[:, :start])
+                assert rel_err(y0, full[:, :start]) < 1e-5
+            else:
+                cache = m.new_cache()
+            for t in range(start, t_total):
+                y = m.step(x[:, t:t + 1], cache)
+                assert rel_err(y, full[:, t:t + 1]) < 1e-5, f"position {t} (prefill {start})"
+
+
+def test_read_counters_match_spec(seed):
+    m = _module()
+    c = m.config
+    x = rand(2, 70, 32)
+    cache = m.new_cache()
+    with torch.no_grad():
+        for t in range(70):
+            m.step(x[:, t:t + 1], cache)
+            r = cache.reads
+            n_cmp, sel, win = reference.decode_reads(t, r.sel_blocks[:, 0], c)
+            assert (r.cmp, r.win) == (n_cmp, win), f"t={t}"
+            assert r.sel.tolist() == sel, f"t={t}"
+    # t = 69: forced 0, 4 (current), 3 (previous) + the best other: 3*16 + 6 tokens of block 4.
+    assert cache.reads.sel.tolist() == [[54, 54], [54, 54]]
+    assert (cache.reads.cmp, cache.reads.win) == (16, 20)
+
+
+def test_one_branch_decode_reads_only_that_branch(seed):
+    m = _module()
+    cache = m.new_cache()
+    x = rand(1, 40, 32)
+    with torch.no_grad():
+        full = m(x, branches=("win",))
+        for t in range(40):
+            y = m.step(x[:, t:t + 1], cache, branches=("win",))
+        assert rel_err(y, full[:, -1:]) < 1e-5
+    assert cache.reads.cmp == 0 and cache.reads.sel is None and cache.reads.win == 20
+
+
+def test_paper_budget_table4():
+    c = NSAConfig()
+    assert [decode_read_budget(s, c) for s in (8192, 16384, 32768, 65536)] == [2048, 2560, 3584, 5632]
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"n_heads": 6, "n_kv_heads": 4}, "multiple"),
+    ({"cmp_stride": 40}, "cmp_stride"),
+    ({"window": 0}, "window"),
+    ({"phi": "max"}, "phi"),
+    ({"kv": "tied"}, "kv"),
+    ({"head_dim_qk": 15}, "even"),
+    ({"sel_count": 2}, "sel_count"),
+])
+def test_config_rejects_bad_values(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        NSAConfig(**{**SMALL, **kwargs})
+
+
+def test_module_rejects_wrong_input():
+    m = _module()
+    with pytest.raises(ValueError, match="dim=32"):
+        m(rand(1, 5, 31))
+    with pytest.raises(ValueError, match="one token"):
+        m.step(rand(1, 2, 32), m.new_cache())
