@@ -55,3 +55,20 @@ def selected_mask(block_indices: Tensor, q_pos: Tensor, k_pos: Tensor, sel_block
     by_key = onehot[..., k_pos // sel_block]                         # [B, Tq, Hkv, Tk]
     causal = k_pos[None, :] <= q_pos[:, None]                        # [Tq, Tk]
     return by_key.permute(0, 2, 1, 3) & causal
+
+
+def cmp_query_buckets(q_start: int, tq: int, block: int, stride: int) -> tuple[int, int, Tensor]:
+    """Group queries of equal visible compressed count, for kernels without a staircase mask.
+
+    Queries `q_start .. q_start+tq-1`. The first `z` of them see nothing (`t + 1 < l`); from
+    position `l - 1` on, every run of `d` consecutive queries (bucket r covers positions
+    `l-1 + r*d .. l-1 + r*d + d - 1`) sees the same `r + 1` compressed tokens.
+    Returns `(z, r0, counts)`: leading empty queries, the first bucket index, and the visible
+    count of each bucket from r0 on (int32, one per bucket that holds a query).
+    """
+    z = min(tq, max(0, block - 1 - q_start))
+    if z == tq:
+        return z, 0, torch.zeros(0, dtype=torch.int32)
+    first, last = q_start + z, q_start + tq - 1
+    r0, r1 = (first - (block - 1)) // stride, (last - (block - 1)) // stride
+    return z, r0, torch.arange(r0 + 1, r1 + 2, dtype=torch.int32)

@@ -6,7 +6,7 @@ KV head `h // (Hq // Hkv)`). `scale` defaults to `dk ** -0.5`. Queries sit at po
 `k_start ..`; query t may read key s only if `s <= t`.
 
 `backend`: `"auto"` (thresholds from configs/base.yaml, see nsa.dispatch), or a name from
-`nsa.backends` (`sdpa`, `fa2`, `flash_attn`, `torch_fa2`, `flex`, `triton`); a named backend
+`nsa.backends` (`sdpa`, `fa2`, `flash_attn`, `torch_fa2`, `flex`); a named backend
 that cannot run raises `BackendError` with the reason.
 """
 

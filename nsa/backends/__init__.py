@@ -23,7 +23,6 @@ _TABLE = {
     "flash_attn": "nsa.backends.flash_attn",
     "torch_fa2": "nsa.backends.torch_fa2",
     "flex": "nsa.backends.flex",
-    "triton": "nsa.backends.triton_nsa",
 }
 ALIASES = ("fa2", "auto")
 OPS = ("sliding", "compressed", "selected")
@@ -86,10 +85,9 @@ def unavailable_reason(name: str, device: torch.device | str | None = None) -> s
 def unsupported_reason(name: str, call: AttnCall) -> str | None:
     """Why backend `name` cannot run `call` (unavailable, op not implemented, dtype, head dim ...)."""
     mod = module(resolve(name, call.q.device))
-    reason = mod.unavailable_reason(call.q.device)
-    if reason is None and not hasattr(mod, call.op):
-        reason = f"backend {name} does not implement the {call.op} op"
-    return reason or mod.unsupported_reason(call)
+    if not hasattr(mod, call.op):
+        return f"backend {name} does not implement the {call.op} op"
+    return mod.unavailable_reason(call.q.device) or mod.unsupported_reason(call)
 
 
 def run(name: str, call: AttnCall) -> Tensor:

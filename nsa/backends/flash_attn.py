@@ -1,0 +1,57 @@
+"""The flash-attn package (FA-2): `flash_attn_func` with `window_size` for the sliding branch and
+`flash_attn_with_kvcache` over query buckets for the compressed branch.
+
+Tensors stay `[B, T, H, D]`, flash-attn's own layout. The compressed branch's staircase (one more
+visible key every `stride` queries) has no FA-2 mask, so queries are grouped in buckets of
+`stride` that see the same keys: each bucket is one kvcache batch entry whose `cache_seqlens`
+is its visible count and whose `cache_batch_idx` points at its batch's compressed keys.
+Memory: the padded bucket copy of q, `O(B*T*Hq*dk)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from nsa.backends import AttnCall, _fa2_common
+
+
+def _lib() -> ModuleType:
+    return importlib.import_module("flash_attn")
+
+
+def unavailable_reason(device: torch.device | str | None = None) -> str | None:
+    try:
+        lib = _lib()
+    except Exception as exc:  # a broken CUDA extension raises more than ImportError
+        return f"flash-attn is not importable ({type(exc).__name__}: {exc}); pip install '.[gpu]' on a CUDA machine"
+    if not hasattr(lib, "flash_attn_with_kvcache"):
+        return f"flash-attn {getattr(lib, '__version__', '?')} lacks flash_attn_with_kvcache; need >= 2.6"
+    return None
+
+
+def unsupported_reason(call: AttnCall) -> str | None:
+    return _fa2_common.unsupported_reason(call)
+
+
+def sliding(call: AttnCall) -> Tensor:
+    return _lib().flash_attn_func(call.q, call.k, call.v, softmax_scale=call.scale, causal=True,
+                                  window_size=(call.window - 1, 0))
+
+
+def compressed(call: AttnCall) -> Tensor:
+    lib = _lib()
+
+    def kernel(qb: Tensor, kc: Tensor, vc: Tensor, counts: Tensor, r0: int, pad_front: int) -> Tensor:
+        b, r, d, hq, dk = qb.shape
+        out = lib.flash_attn_with_kvcache(
+            qb.reshape(b * r, d, hq, dk), kc, vc,
+            cache_seqlens=counts.to(device=qb.device, dtype=torch.int32).repeat(b),
+            cache_batch_idx=torch.arange(b, device=qb.device, dtype=torch.int32).repeat_interleave(r),
+            softmax_scale=call.scale, causal=False)
+        return out.view(b, r, d, hq, vc.shape[-1])
+
+    return _fa2_common.compressed_with_buckets(call, kernel)

@@ -1,0 +1,84 @@
+"""FlexAttention with block masks for all three branches (`[B, H, T, D]` inside, transposed here).
+
+On CUDA the call is `torch.compile`d (FlexAttention's fast path); on CPU it runs eagerly, which
+materialises the scores (tests only). Memory on CUDA: the block mask, `O(Tq/128 * Tk/128)` per
+(batch, head) entry it varies over, plus the selected branch's `[B, Hkv, Tq, Nb]` block table.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from nsa.backends import AttnCall
+from nsa.masks import cmp_visible_count, positions, selected_block_onehot
+
+
+def unavailable_reason(device: torch.device | str | None = None) -> str | None:
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError as exc:
+        return f"FlexAttention needs torch >= 2.5 ({exc})"
+    return None
+
+
+def unsupported_reason(call: AttnCall) -> str | None:
+    if call.q.device.type == "cuda" and call.q.dtype == torch.float64:
+        return "FlexAttention's compiled kernel does not support fp64"
+    if call.q.device.type == "cuda" and (call.q.shape[-1] < 16 or call.v.shape[-1] < 16):
+        return f"FlexAttention's compiled kernel needs head dims >= 16, got {call.q.shape[-1]}/{call.v.shape[-1]}"
+    return None
+
+
+@functools.cache
+def _compiled():
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _attend(call: AttnCall, mask_mod, b: int | None, h: int | None) -> Tensor:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    q, k, v = (x.transpose(1, 2) for x in (call.q, call.k, call.v))
+    block_mask = create_block_mask(mask_mod, b, h, q.shape[2], k.shape[2], device=q.device)
+    fn = _compiled() if q.device.type == "cuda" else flex_attention
+    out = fn(q, k, v, block_mask=block_mask, scale=call.scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out.transpose(1, 2)
+
+
+def sliding(call: AttnCall) -> Tensor:
+    q0, k0, w = call.q_start, call.k_start, call.window
+
+    def mask_mod(b, h, qi, ki):
+        diff = (qi + q0) - (ki + k0)
+        return (diff >= 0) & (diff < w)
+
+    return _attend(call, mask_mod, None, None)
+
+
+def compressed(call: AttnCall) -> Tensor:
+    q0, l, d = call.q_start, call.block, call.stride
+    if call.k.shape[1] == 0:
+        return call.q.new_zeros(*call.q.shape[:3], call.v.shape[-1])
+
+    def mask_mod(b, h, qi, ki):
+        return ki * d + l - 1 <= qi + q0
+
+    out = _attend(call, mask_mod, None, None)
+    empty = cmp_visible_count(positions(q0, call.q.shape[1], call.q.device), l, d) == 0
+    return out.masked_fill(empty[None, :, None, None], 0.0)
+
+
+def selected(call: AttnCall) -> Tensor:
+    q0, k0, ls = call.q_start, call.k_start, call.sel_block
+    bsz, _, hq, _ = call.q.shape
+    group = hq // call.k.shape[2]
+    n_blocks = (k0 + call.k.shape[1] - 1) // ls + 1
+    table = selected_block_onehot(call.block_indices, n_blocks).permute(0, 2, 1, 3).contiguous()  # [B,Hkv,Tq,Nb]
+
+    def mask_mod(b, h, qi, ki):
+        kp = ki + k0
+        return table[b, h // group, qi, kp // ls] & (kp <= qi + q0)
+
+    return _attend(call, mask_mod, bsz, hq)
