@@ -1,0 +1,66 @@
+"""Playbook wrapper: NSA decode step latency per branch and measured reads (suite `decode`).
+
+    python bench/bench_decode.py --heads 4 --groups 2 --dk 64 --dv 64 --S_list 128,256,512,1024 \
+        --iters 32 --warmup 8 --csv decode.csv
+
+`--heads` are query heads, `--groups` KV heads. Writes a results file (schema v1), the legacy
+CSV (`S,ms_total,ms_cmp,ms_sel,ms_win,reads_actual,reads_expected`) when `--csv` is given, and
+prints the CSV's summary (bench/summarize_decode_csv.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# Run as a script, sys.path[0] is bench/ itself (whose modules would shadow top-level names):
+# put the repo root there instead, so `import bench` finds the package.
+_HERE = Path(__file__).resolve().parent
+if sys.path and Path(sys.path[0] or ".").resolve() == _HERE:
+    sys.path[0] = str(_HERE.parent)
+elif str(_HERE.parent) not in sys.path:
+    sys.path.insert(0, str(_HERE.parent))
+
+from bench import legacy  # noqa: E402
+from bench.suites import decode  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--heads", type=int, default=4, help="query heads")
+    p.add_argument("--groups", type=int, default=2, help="KV heads")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dk", type=int, default=64)
+    p.add_argument("--dv", type=int, default=64)
+    p.add_argument("--dim", type=int, help="model width (default heads * dv)")
+    p.add_argument("--S_list", type=legacy.int_list, default=[128, 256, 512, 1024],
+                   help="sequence lengths: the timed step is token S (position S - 1)")
+    p.add_argument("--l", type=int, default=32)
+    p.add_argument("--d", type=int, default=16)
+    p.add_argument("--sel_block", type=int, default=64)
+    p.add_argument("--sel_count", type=int, default=16)
+    p.add_argument("--w", type=int, default=512)
+    p.add_argument("--iters", type=int, default=32, help="timed steps per variant")
+    p.add_argument("--warmup", type=int, default=8, help="warmup steps per variant")
+    p.add_argument("--csv", help="legacy CSV output")
+    legacy.add_common(p, out="out/bench_decode.json")
+    args = p.parse_args(argv)
+    args.rep = args.iters
+    layout = {"B": args.batch, "Hq": args.heads, "Hkv": args.groups, "Dk": args.dk, "Dv": args.dv,
+              "dim": args.dim or args.heads * args.dv, "block": args.l, "stride": args.d,
+              "sel_block": args.sel_block, "sel_count": args.sel_count, "window": args.w}
+    cells = decode.cells(layout, args.S_list, args.dtype)
+    code, doc = legacy.run(cells, args, script="bench/bench_decode.py", argv=argv, size="nightly", suite="decode")
+    if doc is not None and args.csv:
+        from bench import summarize_decode_csv
+
+        summarize_decode_csv.main([args.csv])
+    elif doc is not None:
+        legacy.print_table(doc, ("T", "branches"))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Summarize the legacy decode CSV: latency per branch, reads against the spec, reduction vs dense.
+
+    python bench/summarize_decode_csv.py decode.csv
+
+Exit codes: 0 every row's measured reads equal the expected reads; 1 some row differs (or has
+no reads); 2 the file is missing or lacks the legacy columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+REQUIRED = ("S", "ms_total", "ms_cmp", "ms_sel", "ms_win", "reads_actual", "reads_expected")
+
+
+def _num(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def summarize(rows: list[dict[str, str]]) -> tuple[list[list[str]], int]:
+    """Table lines (header first) and the number of rows whose reads differ from the spec."""
+    header = ["S", "ms_total", "ms_cmp", "ms_sel", "ms_win", "reads", "expected", "match", "dense/nsa reads"]
+    lines, bad = [header], 0
+    for row in rows:
+        actual, expected, s = _num(row["reads_actual"]), _num(row["reads_expected"]), _num(row["S"])
+        ok = actual is not None and expected is not None and actual == expected
+        bad += not ok
+        ratio = f"{s / actual:.2f}x" if s and actual else "-"
+        lines.append([row["S"], *(row[k] or "-" for k in ("ms_total", "ms_cmp", "ms_sel", "ms_win")),
+                      row["reads_actual"] or "-", row["reads_expected"] or "-", "ok" if ok else "MISMATCH", ratio])
+    return lines, bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("csv", help="CSV written by bench/bench_decode.py --csv or python -m bench run --csv")
+    args = p.parse_args(argv)
+    path = Path(args.csv)
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+            missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
+    except OSError as exc:
+        print(f"error: cannot read {path}: {exc.strerror}; run bench/bench_decode.py --csv {path} first",
+              file=sys.stderr)
+        return 2
+    if missing:
+        print(f"error: {path} must have the columns {','.join(REQUIRED)}, missing {','.join(missing)}",
+              file=sys.stderr)
+        return 2
+    lines, bad = summarize(rows)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    for line in lines:
+        print("  ".join(v.rjust(w) for v, w in zip(line, widths, strict=True)))
+    print("reads: per KV group per step (cmp + sel + win); expected from shared/spec/nsa.md; "
+          f"{len(rows) - bad}/{len(rows)} rows match")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

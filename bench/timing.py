@@ -1,0 +1,246 @@
+"""The one timing method of this repository; the only code that touches CUDA events.
+
+Method (after triton's `do_bench`, extended to several candidates):
+
+1. Estimate: each candidate runs once (compilation, autotuning and allocations happen here),
+   then `estimate_calls` calls are timed to estimate its cost.
+2. Warmup: each candidate runs `warmup` times, or as many times as fit in `warmup_ms` by its
+   own estimate (at most `max_rep`).
+3. Repeats: every candidate gets the same number of repeats, `rep`, or as many as fit in
+   `rep_ms` for the slowest candidate (clamped to `[min_rep, max_rep]`). Repeats are
+   interleaved in blocks, `A x block, B x block, A x block, ...`, so clock, thermal and
+   background drift hit every candidate alike, and a paired comparison per round is possible.
+4. Each repeat is timed on its own: a start/end marker pair around one call (CUDA events on a
+   GPU, `time.perf_counter_ns` on a CPU, where torch work is synchronous). With `l2_flush`
+   a 256 MiB buffer is zeroed before every repeat, outside the timed region, so no repeat
+   starts with its inputs in L2. Elapsed times are read after one final synchronize; the raw
+   samples (milliseconds) are returned.
+
+`cuda_graph=True` captures each candidate in a CUDA graph and times replays, which removes the
+CPU launch overhead of microsecond kernels. The clock is injectable (`measure(..., clock=)`),
+which is how the tests check order and counts on a fake clock.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Timer:
+    """How to time. Counts (`warmup`, `rep`) win over budgets (`warmup_ms`, `rep_ms`) when set."""
+
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    warmup: int | None = None
+    rep: int | None = None
+    l2_flush: bool = True
+    cuda_graph: bool = False
+    block: int = 5
+    min_rep: int = 10
+    max_rep: int = 1000
+    estimate_calls: int = 5
+
+    def __post_init__(self) -> None:
+        for name in ("block", "min_rep", "max_rep", "estimate_calls"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Timer.{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup is not None and self.warmup < 0:
+            raise ValueError(f"Timer.warmup must be >= 0, got {self.warmup}")
+        if self.rep is not None and self.rep < 1:
+            raise ValueError(f"Timer.rep must be >= 1, got {self.rep}; a timed case needs a sample")
+        if self.min_rep > self.max_rep:
+            raise ValueError(f"Timer.min_rep ({self.min_rep}) must be <= max_rep ({self.max_rep})")
+
+    def method(self, clock: Clock) -> dict[str, Any]:
+        """The `run.method` record of a results file: what was actually done on `clock`."""
+        return {**asdict(self), "timer": clock.name, "interleaved": True,
+                "l2_flush": self.l2_flush and clock.flushes, "statistic": "median"}
+
+
+class Clock(Protocol):
+    """Where time comes from. `marker()` makes an unrecorded marker, `record(m)` stamps it in
+    stream order, `elapsed_ms(a, b)` is valid after `synchronize()`."""
+
+    name: str
+    flushes: bool
+
+    def marker(self) -> Any: ...
+    def record(self, marker: Any) -> None: ...
+    def elapsed_ms(self, start: Any, end: Any) -> float: ...
+    def synchronize(self) -> None: ...
+    def flush(self) -> None: ...
+    def wrap(self, fn: Callable[[], Any]) -> Callable[[], Any]: ...
+
+
+class CpuClock:
+    """`time.perf_counter_ns`; torch CPU work is synchronous, so a stamp after the call ends it.
+    There is no L2 flush on a CPU (a CPU timing is for smoke tests, never for a decision)."""
+
+    name = "perf_counter"
+    flushes = False
+
+    def __init__(self, cuda_graph: bool = False) -> None:
+        if cuda_graph:
+            raise ValueError("cuda_graph needs a CUDA device; drop --cuda-graph or run on a GPU")
+
+    def marker(self) -> list[int]:
+        return [0]
+
+    def record(self, marker: list[int]) -> None:
+        marker[0] = time.perf_counter_ns()
+
+    def elapsed_ms(self, start: list[int], end: list[int]) -> float:
+        return (end[0] - start[0]) / 1e6
+
+    def synchronize(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def wrap(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        return fn
+
+
+class CudaClock:
+    """CUDA events on the current stream; the L2 flush buffer is allocated once per device."""
+
+    name = "cuda_events"
+    flushes = True
+    _flush_buffers: dict[int, Any] = {}
+
+    def __init__(self, cuda_graph: bool = False) -> None:
+        import torch
+
+        self._torch = torch
+        self.cuda_graph = cuda_graph
+        self.device = torch.cuda.current_device()
+
+    def marker(self) -> Any:
+        return self._torch.cuda.Event(enable_timing=True)
+
+    def record(self, marker: Any) -> None:
+        marker.record()
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end))
+
+    def synchronize(self) -> None:
+        self._torch.cuda.synchronize()
+
+    def flush(self) -> None:
+        buf = self._flush_buffers.get(self.device)
+        if buf is None:
+            buf = self._torch.empty(L2_FLUSH_BYTES, dtype=self._torch.uint8, device="cuda")
+            self._flush_buffers[self.device] = buf
+        buf.zero_()
+
+    def wrap(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        if not self.cuda_graph:
+            return fn
+        torch = self._torch
+        # Capture needs a warm, side-stream run first (lazy init, allocator pools, autotuning).
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+        return graph.replay
+
+
+def _nop() -> None:
+    pass
+
+
+def default_clock(device: str, cuda_graph: bool = False) -> Clock:
+    """The clock for `device` (`"cpu"` or `"cuda"`); torch is imported only for CUDA."""
+    if device == "cpu":
+        return CpuClock(cuda_graph)
+    if device == "cuda":
+        return CudaClock(cuda_graph)
+    raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+
+
+def _estimate(fn: Callable[[], Any], setup: Callable[[], Any] | None, clock: Clock, calls: int) -> float:
+    """Mean ms of `calls` calls, each timed on its own so `setup` stays outside the timed region."""
+    pairs = [(clock.marker(), clock.marker()) for _ in range(calls)]
+    for start, end in pairs:
+        if setup is not None:
+            setup()
+        clock.record(start)
+        fn()
+        clock.record(end)
+    clock.synchronize()
+    return sum(clock.elapsed_ms(s, e) for s, e in pairs) / calls
+
+
+def measure(fns: dict[str, Callable[[], Any]], timer: Timer, *, clock: Clock | None = None,
+            device: str = "cuda", setup: dict[str, Callable[[], Any]] | None = None) -> dict[str, list[float]]:
+    """Time every candidate in `fns` interleaved; return its raw per-repeat samples in ms.
+
+    Every candidate gets the same number of samples. `setup[name]`, when given, runs before
+    every call of that candidate, outside the timed region (a decode step restores its cache
+    there); it rules out `cuda_graph`. Exceptions from a candidate propagate (the runner
+    records the case); `clock` defaults to the one for `device`.
+    """
+    if not fns:
+        return {}
+    setup = setup or {}
+    clock = clock if clock is not None else default_clock(device, timer.cuda_graph)
+    if setup and timer.cuda_graph:
+        raise ValueError("cuda_graph cannot replay a candidate that needs a setup step; drop --cuda-graph")
+    run = {name: clock.wrap(fn) for name, fn in fns.items()}
+
+    estimate: dict[str, float] = {}
+    if timer.warmup is None or timer.rep is None:
+        for name, fn in run.items():
+            setup.get(name, _nop)()
+            fn()
+            clock.synchronize()
+            # A floor keeps a clock that did not move (fake clocks, empty fns) from dividing by 0.
+            estimate[name] = max(_estimate(fn, setup.get(name), clock, timer.estimate_calls), 1e-6)
+
+    for name, fn in run.items():
+        n = timer.warmup if timer.warmup is not None else \
+            min(max(1, int(timer.warmup_ms / estimate[name])), timer.max_rep)
+        for _ in range(n):
+            setup.get(name, _nop)()
+            fn()
+    if timer.rep is not None:
+        n_rep = timer.rep
+    else:
+        n_rep = min(max(int(timer.rep_ms / max(estimate.values())), timer.min_rep), timer.max_rep)
+
+    flush = timer.l2_flush and clock.flushes
+    markers = {name: [(clock.marker(), clock.marker()) for _ in range(n_rep)] for name in run}
+    clock.synchronize()
+    for first in range(0, n_rep, timer.block):
+        for name, fn in run.items():
+            before = setup.get(name)
+            for i in range(first, min(first + timer.block, n_rep)):
+                start, end = markers[name][i]
+                if before is not None:
+                    before()
+                if flush:
+                    clock.flush()
+                clock.record(start)
+                fn()
+                clock.record(end)
+    clock.synchronize()
+    samples = {name: [clock.elapsed_ms(s, e) for s, e in pairs] for name, pairs in markers.items()}
+    for name, values in samples.items():
+        if any(not math.isfinite(v) or v < 0 for v in values):
+            raise RuntimeError(f"{name}: the clock returned a non-finite or negative time; "
+                               "is the candidate running on another stream?")
+    return samples

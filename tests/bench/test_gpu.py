@@ -1,0 +1,49 @@
+"""The harness on a real GPU: CUDA events, L2 flush, graphs, one fa2 cell, the machine record.
+Run with `pytest -m gpu tests/bench` (skipped with a reason without CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import machine, results, runner, suites
+from bench.cases import Cell
+from bench.timing import CudaClock, Timer, measure
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cuda_events_time_interleaved_candidates():
+    import torch
+
+    a = torch.randn(2048, 2048, device="cuda")
+    fns = {"mm": lambda: a @ a, "mm2": lambda: (a @ a) @ a}
+    samples = measure(fns, Timer(warmup_ms=5, rep_ms=20, min_rep=5), device="cuda")
+    assert len(samples["mm"]) == len(samples["mm2"]) >= 5
+    assert all(s > 0 for s in samples["mm"])
+    assert sorted(samples["mm2"])[len(samples["mm2"]) // 2] > sorted(samples["mm"])[len(samples["mm"]) // 2]
+    assert Timer().method(CudaClock())["l2_flush"] is True
+
+
+def test_cuda_graph_replays():
+    import torch
+
+    a = torch.randn(256, 256, device="cuda")
+    out = torch.empty_like(a)
+    samples = measure({"mm": lambda: torch.mm(a, a, out=out)}, Timer(warmup=2, rep=10, cuda_graph=True),
+                      device="cuda")
+    assert len(samples["mm"]) == 10 and all(s > 0 for s in samples["mm"])
+
+
+def test_fa2_cell_on_the_gpu():
+    params = {"B": 1, "T": 1024, "Hq": 8, "Hkv": 2, "Dk": 64, "Dv": 64, "window": 256, "dtype": "bf16"}
+    cell = Cell("fa2", "sliding", params, suites.load("fa2").VARIANTS[:2])
+    opts = runner.RunOptions(device="cuda", timer=Timer(warmup=2, rep=5))
+    cases = runner.run_cell(cell, opts)
+    assert [c["status"] for c in cases] == ["ok", "ok"], [c["reason"] for c in cases]
+    assert cases[1]["backend"] in ("flash_attn", "torch_fa2") and cases[1]["parity"]["passed"]
+    results.check(runner.document(cases, opts, command="t", git_sha="unknown", machine=machine.machine_info("cuda")))
+
+
+def test_machine_record_names_the_gpu():
+    info = machine.machine_info("cuda")
+    assert info["sm"].startswith("sm") and info["gpu_name"] != "cpu" and info["cuda"]

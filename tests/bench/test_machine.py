@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from bench import machine, results
+
+
+def _git(root, *args):
+    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
+
+
+def test_git_sha_unknown_outside_a_repo(tmp_path):
+    assert machine.git_sha(tmp_path) == "unknown"
+
+
+def test_git_sha_and_dirty(tmp_path):
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "f.txt").write_text("a")
+    _git(tmp_path, "add", "f.txt")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    sha = machine.git_sha(tmp_path)
+    assert len(sha) == 40
+    (tmp_path / "f.txt").write_text("b")
+    assert machine.git_sha(tmp_path) == f"{sha}-dirty"
+
+
+def test_a_broken_package_counts_as_absent_with_the_reason(tmp_path, monkeypatch):
+    (tmp_path / "broken_fa.py").write_text("raise OSError('libcudart.so.12: cannot open shared object')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    version, reason = machine.package_version("broken_fa")
+    assert version is None and "OSError" in reason and "libcudart" in reason
+    assert machine.package_version("json")[1] is None
+    sys.modules.pop("broken_fa", None)
+
+
+def test_cpu_machine_record_has_every_schema_field():
+    info = machine.machine_info("cpu")
+    assert set(results.MACHINE_FIELDS) <= set(info)
+    assert info["sm"] == "cpu" and info["torch"]
+
+
+def test_nvml_absent_is_reported_not_raised(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+    snap = machine.nvml_snapshot()
+    assert snap["available"] is False and "reason" in snap
+
+
+def test_nvml_snapshot_reads_clocks_through_a_fake_nvml(monkeypatch):
+    import types
+
+    calls = []
+    fake = types.SimpleNamespace(
+        NVML_CLOCK_SM=0, NVML_CLOCK_MEM=1, NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: calls.append("init"), nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetHandleByUUID=lambda uuid: "h", nvmlDeviceGetHandleByIndex=lambda i: "h",
+        nvmlDeviceGetClockInfo=lambda h, kind: (1980, 2619)[kind],
+        nvmlDeviceGetMaxClockInfo=lambda h, kind: (1980, 2619)[kind],
+        nvmlDeviceGetTemperature=lambda h, kind: 41, nvmlDeviceGetPowerUsage=lambda h: 123456,
+        nvmlDeviceGetEnforcedPowerLimit=lambda h: 700000,
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0x4 | 0x40 | 0x10000)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    snap = machine.nvml_snapshot()
+    assert snap["available"] and snap["sm_clock_mhz"] == 1980 and snap["max_mem_clock_mhz"] == 2619
+    assert snap["power_w"] == 123.456 and snap["temperature_c"] == 41
+    assert snap["throttle_reasons"] == ["sw_power_cap", "hw_thermal_slowdown", "0x10000"]
+    assert calls == ["init", "shutdown"]

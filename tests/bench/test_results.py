@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import results
+
+
+def _doc(cases):
+    return {"schema_version": 1,
+            "run": {"id": "r", "created_at": "2026-01-01T00:00:00Z", "git_sha": "abc", "command": "x"},
+            "machine": {k: None for k in results.MACHINE_FIELDS} | {"gpu_name": "cpu", "sm": "cpu"},
+            "cases": cases}
+
+
+def _case(status="ok", backend="sdpa", T=256, **more):
+    params = {"B": 1, "T": T, "Hq": 8, "Hkv": 2, "Dk": 64, "Dv": 64, "window": 512, "dtype": "bf16"}
+    case = {"id": results.case_id("fa2", "sliding", backend, params), "suite": "fa2", "op": "sliding",
+            "backend": backend, "params": params, "status": status,
+            "reason": None if status == "ok" else "why", "parity": None,
+            "timing": results.timing_summary([1.0, 2.0, 3.0]) if status == "ok" else None}
+    case.update(more)
+    return case
+
+
+def test_case_id_is_readable_and_stable():
+    assert _case()["id"] == "fa2/sliding/sdpa/B1-T256-Hq8-Hkv2-D64-w512-bf16"
+
+
+def test_round_trip(tmp_path):
+    doc = _doc([_case(), _case("skipped", backend="torch_fa2")])
+    path = results.dump(doc, tmp_path / "r.json")
+    assert results.load(path) == json.loads(json.dumps(doc))
+
+
+def test_nan_is_rejected_everywhere(tmp_path):
+    with pytest.raises(results.ResultsError):
+        results.timing_summary([1.0, float("nan")])
+    bad = _doc([_case(parity={"max_abs_err": float("nan"), "rel_err": 0.0, "tol": 1.0, "passed": False})])
+    with pytest.raises(results.ResultsError, match="NaN"):
+        results.dump(bad, tmp_path / "bad.json")
+    (tmp_path / "nan.json").write_text(json.dumps(_doc([_case()])).replace('"median_ms": 2.0', '"median_ms": NaN'))
+    with pytest.raises(results.ResultsError, match="NaN"):
+        results.load(tmp_path / "nan.json")
+
+
+def test_failed_case_with_timing_is_rejected():
+    case = _case("failed")
+    case["timing"] = results.timing_summary([1.0])
+    assert any("must have no timing" in e for e in results.validate(_doc([case])))
+
+
+def test_merge_keeps_every_shard_case():
+    merged = results.merge([_doc([_case(T=256)]), _doc([_case(T=512)])])
+    assert [c["params"]["T"] for c in merged["cases"]] == [256, 512]

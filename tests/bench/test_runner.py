@@ -1,0 +1,110 @@
+"""Runner statuses: parity failure, out of memory, exceptions; every outcome stays schema-valid."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from bench import results, runner
+from bench.cases import Cell, Variant, Workload
+from bench.timing import Timer
+from tests.bench.fakes import FakeClock
+
+PARAMS = {"B": 1, "T": 8, "Hq": 1, "Hkv": 1, "Dk": 4, "Dv": 4, "window": 4, "dtype": "fp32"}
+
+
+@pytest.fixture
+def fake_suite(monkeypatch):
+    """Install a suite whose build returns the workload the test sets."""
+    holder: dict[str, Workload] = {}
+    module = types.SimpleNamespace(build=lambda cell, device: holder["work"])
+    import bench.suites
+
+    monkeypatch.setattr(bench.suites, "load", lambda name: module)
+    return holder
+
+
+def _cell(*backends: str) -> Cell:
+    variants = tuple(Variant(b, "baseline" if i == 0 else "candidate") for i, b in enumerate(backends))
+    return Cell("fa2", "sliding", PARAMS, variants)
+
+
+def _opts(clock=None) -> runner.RunOptions:
+    return runner.RunOptions(device="cpu", timer=Timer(warmup=1, rep=3, l2_flush=False), clock=clock)
+
+
+def _valid(cases):
+    doc = runner.document(cases, _opts(), command="t", git_sha="unknown",
+                          machine={k: None for k in results.MACHINE_FIELDS})
+    return results.check(doc)
+
+
+def test_parity_failure_is_failed_and_not_timed(fake_suite):
+    ref = torch.ones(4)
+    clock = FakeClock()
+    good, bad = clock.candidate("good", 1.0), clock.candidate("bad", 1.0)
+    fake_suite["work"] = Workload(
+        fns={"sdpa": lambda: (good(), ref)[1], "wrong": lambda: (bad(), ref + 1)[1]},
+        backends={"sdpa": "sdpa", "wrong": "wrong"}, reference=lambda: ref, tol_basis=lambda: ref, dtype="fp32")
+    cases = runner.run_cell(_cell("sdpa", "wrong"), _opts(clock))
+    ok, failed = cases
+    assert ok["status"] == "ok" and ok["parity"]["passed"] and ok["timing"]["samples_ms"] == [1.0] * 3
+    assert failed["status"] == "failed" and failed["timing"] is None and "parity failed" in failed["reason"]
+    assert failed["parity"] == {"max_abs_err": 1.0, "rel_err": 1.0, "tol": pytest.approx(1e-5),
+                                "passed": False, "basis_err": 0.0}
+    assert clock.calls().count("bad") == 1  # the parity run only
+    _valid(cases)
+
+
+def test_out_of_memory_skips_and_other_errors_fail(fake_suite):
+    def oom():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4 GiB")
+
+    def broken():
+        raise RuntimeError("illegal memory access")
+
+    fake_suite["work"] = Workload(fns={"a": oom, "b": broken}, backends={"a": "a", "b": "b"},
+                                  reference=lambda: torch.ones(1), tol_basis=lambda: torch.ones(1))
+    a, b = runner.run_cell(_cell("a", "b"), _opts())
+    assert a["status"] == "skipped" and "out of memory" in a["reason"]
+    assert b["status"] == "failed" and "illegal memory access" in b["reason"]
+    _valid([a, b])
+
+
+def test_build_errors_settle_every_variant_and_the_sweep_goes_on(monkeypatch):
+    def build(cell, device):
+        if cell.params["T"] == 8:
+            raise MemoryError()
+        return Workload(fns={"sdpa": lambda: None}, backends={"sdpa": "sdpa"})
+
+    import bench.suites
+
+    monkeypatch.setattr(bench.suites, "load", lambda name: types.SimpleNamespace(build=build))
+    cells = [(0, _cell("sdpa")), (1, Cell("fa2", "sliding", {**PARAMS, "T": 16}, _cell("sdpa").variants))]
+    lines = []
+    opts = _opts()
+    opts.progress = types.SimpleNamespace(write=lines.append, flush=lambda: None)
+    cases = runner.run_cells(cells, opts)
+    assert [c["status"] for c in cases] == ["skipped", "ok"]
+    assert "out of memory" in cases[0]["reason"]
+    text = "".join(lines)
+    assert "[1/2" in text and "[2/2" in text and "eta" in text and "SKIPPED" in text
+    _valid(cases)
+
+
+def test_unavailable_variants_are_skipped_with_the_reason(fake_suite):
+    fake_suite["work"] = Workload(fns={"sdpa": lambda: None}, backends={"sdpa": "sdpa", "fa2": "torch_fa2"},
+                                  reasons={"fa2": "torch_fa2 needs CUDA"})
+    sdpa, fa2 = runner.run_cell(_cell("sdpa", "fa2"), _opts())
+    assert sdpa["status"] == "ok"
+    assert fa2["status"] == "skipped" and fa2["reason"] == "torch_fa2 needs CUDA"
+    assert fa2["backend"] == "torch_fa2" and fa2["id"].startswith("fa2/sliding/torch_fa2/")
+    assert fa2["requested_backend"] == "fa2"
+
+
+def test_document_records_the_method():
+    doc = _valid([])
+    assert doc["run"]["method"]["timer"] == "perf_counter" and doc["run"]["method"]["interleaved"] is True
+    assert doc["run"]["created_at"].endswith("Z") and doc["run"]["dispatch"]["profile"] == "cpu"

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from bench import results
+from bench.timing import CpuClock, Timer, measure
+from tests.bench.fakes import FakeClock
+
+
+def test_counts_interleave_in_blocks_and_warm_up_exactly():
+    clock = FakeClock()
+    fns = {"A": clock.candidate("A", 1.0), "B": clock.candidate("B", 2.0)}
+    samples = measure(fns, Timer(warmup=2, rep=5, block=2, l2_flush=False), clock=clock)
+    assert clock.calls() == ["A", "A", "B", "B"] + ["A", "A", "B", "B", "A", "A", "B", "B", "A", "B"]
+    assert samples == {"A": [1.0] * 5, "B": [2.0] * 5}
+
+
+def test_each_repeat_is_flushed_then_timed_alone():
+    clock = FakeClock()
+    measure({"A": clock.candidate("A", 1.0), "B": clock.candidate("B", 1.0)},
+            Timer(warmup=0, rep=3, block=1), clock=clock)
+    timed = clock.log[clock.log.index(("sync",)) + 1:]
+    assert timed[:8] == [("flush",), ("record",), ("call", "A"), ("record",),
+                         ("flush",), ("record",), ("call", "B"), ("record",)]
+    assert timed.count(("flush",)) == 6 and timed[-1] == ("sync",)
+
+
+def test_no_flush_when_disabled_or_the_clock_cannot():
+    for clock, timer in ((FakeClock(), Timer(warmup=0, rep=2, l2_flush=False)),
+                         (FakeClock(flushes=False), Timer(warmup=0, rep=2))):
+        measure({"A": clock.candidate("A", 1.0)}, timer, clock=clock)
+        assert ("flush",) not in clock.log
+
+
+def test_budgets_size_warmup_per_candidate_and_repeats_by_the_slowest():
+    clock = FakeClock()
+    fns = {"A": clock.candidate("A", 1.0), "B": clock.candidate("B", 2.0)}
+    timer = Timer(warmup_ms=10, rep_ms=40, min_rep=1, estimate_calls=5, l2_flush=False)
+    samples = measure(fns, timer, clock=clock)
+    # first call + 5 estimate calls + warmup (10 ms / own estimate) + 40 ms / 2 ms (slowest) repeats
+    assert clock.calls().count("A") == 1 + 5 + 10 + 20
+    assert clock.calls().count("B") == 1 + 5 + 5 + 20
+    assert len(samples["A"]) == len(samples["B"]) == 20
+
+
+def test_repeats_are_clamped():
+    clock = FakeClock()
+    fast = measure({"A": clock.candidate("A", 0.001)}, Timer(warmup=0, rep_ms=100, min_rep=1, max_rep=7), clock=clock)
+    slow = measure({"A": clock.candidate("A", 50.0)}, Timer(warmup=0, rep_ms=100, min_rep=4), clock=clock)
+    assert len(fast["A"]) == 7 and len(slow["A"]) == 4
+
+
+def test_setup_runs_before_every_call_outside_the_timed_region():
+    clock = FakeClock()
+
+    def setup():
+        clock.log.append(("setup",))
+        clock.now += 100.0  # would show in the samples if it were timed
+
+    samples = measure({"A": clock.candidate("A", 1.0)}, Timer(warmup=1, rep=3, l2_flush=False),
+                      clock=clock, setup={"A": setup})
+    calls = [i for i, e in enumerate(clock.log) if e[0] == "call"]
+    assert all(clock.log[i - 1] in (("setup",), ("record",)) for i in calls)
+    assert clock.log.count(("setup",)) == 4 and samples["A"] == [1.0] * 3
+
+
+def test_samples_feed_the_schema_quantiles():
+    clock = FakeClock()
+    samples = measure({"A": clock.candidate("A", [1.0, 2.0, 3.0, 4.0, 5.0])},
+                      Timer(warmup=0, rep=5, l2_flush=False), clock=clock)
+    summary = results.timing_summary(samples["A"])
+    assert summary["samples_ms"] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert summary["median_ms"] == 3.0
+    assert summary["p20_ms"] == pytest.approx(1.8) and summary["p80_ms"] == pytest.approx(4.2)
+
+
+def test_cpu_clock_measures_wall_time():
+    samples = measure({"sleep": lambda: time.sleep(0.002)}, Timer(warmup=1, rep=3), clock=CpuClock())
+    assert len(samples["sleep"]) == 3 and all(1.5 <= s < 200 for s in samples["sleep"])
+    assert Timer().method(CpuClock())["timer"] == "perf_counter"
+    assert Timer().method(CpuClock())["l2_flush"] is False  # what was done, not what was asked
+
+
+def test_bad_timers_and_devices_are_refused():
+    with pytest.raises(ValueError, match="rep"):
+        Timer(rep=0)
+    with pytest.raises(ValueError, match="min_rep"):
+        Timer(min_rep=5, max_rep=2)
+    with pytest.raises(ValueError, match="cuda_graph"):
+        measure({"A": lambda: None}, Timer(cuda_graph=True), device="cpu")
+    with pytest.raises(ValueError, match="device"):
+        measure({"A": lambda: None}, Timer(), device="tpu")
+
+
+def test_candidate_exceptions_propagate():
+    def boom():
+        raise RuntimeError("kernel exploded")
+
+    with pytest.raises(RuntimeError, match="exploded"):
+        measure({"A": boom}, Timer(warmup=1, rep=1), clock=FakeClock())
