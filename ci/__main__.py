@@ -1,0 +1,110 @@
+"""`python -m ci <subcommand>`: the CPU stages of the benchmark pipeline.
+
+Subcommands are registered as `Subcommand` records (name, help, arguments, run function), so a
+new stage is one `register(...)` call. Exit codes: 0 ok, 2 bad input (with a message saying how
+to fix it), 3 parity failure (`decide` still writes its file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bench.results import ResultsError
+from ci import decide, pr_cmd, report
+
+EXIT_BAD_INPUT = decide.EXIT_BAD_INPUT
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    name: str
+    help: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {}
+
+
+def register(sub: Subcommand) -> Subcommand:
+    if sub.name in SUBCOMMANDS:
+        raise ValueError(f"subcommand names must be unique, got {sub.name!r} twice")
+    SUBCOMMANDS[sub.name] = sub
+    return sub
+
+
+def _decide_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", nargs="+", required=True, metavar="RESULTS.json",
+                   help="results files of one GPU architecture (shards of one run; case ids must be unique)")
+    p.add_argument("--config", default="configs/base.yaml",
+                   help="config with nsa grid, decide.margin/confidence and current thresholds "
+                        "(default: %(default)s)")
+    p.add_argument("--margin", type=float, default=None,
+                   help="speedup the CI lower bound must clear to adopt FA-2 (default: decide.margin)")
+    p.add_argument("--out", default="out/decision.json", help="decision file to write (default: %(default)s)")
+
+
+def _decide_run(args: argparse.Namespace) -> int:
+    doc = decide.decide_files(args.results, args.config, args.margin)
+    decide.write_decision(doc, args.out)
+    for line in decide.summary_lines(doc):
+        print(line)
+    if doc["exit_code"]:
+        n = sum(f["parity_failed"] for f in doc["failures"])
+        print(f"error: {n} parity failure(s); see 'failures' in {args.out}", file=sys.stderr)
+    return doc["exit_code"]
+
+
+def _report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--decision", required=True, help="decision file written by `python -m ci decide`")
+    p.add_argument("--previous", default=None,
+                   help="previous run (results or decision file) to compare case timings with")
+    p.add_argument("--out-dir", default="out/report",
+                   help="folder for report.md, summary.md and speedup_<branch>.png (default: %(default)s)")
+
+
+def _report_run(args: argparse.Namespace) -> int:
+    for path in report.write_report(args.decision, args.out_dir, args.previous):
+        print(path)
+    return 0
+
+
+register(Subcommand(
+    "decide", "turn results files into per-branch FA-2 threshold proposals",
+    "Pair each masked-SDPA case with its FA-2 case, bootstrap the speedup interval, and apply the "
+    "threshold rule of shared/spec/pipeline.md. Writes a decision JSON file and prints one line per "
+    "branch. Exit 0 ok, 2 bad input, 3 parity failure (the file is still written).",
+    _decide_args, _decide_run))
+register(Subcommand(
+    "report", "render a decision file as report.md, summary.md and plots",
+    "Render the markdown report (also the threshold PR body), a short summary for "
+    "$GITHUB_STEP_SUMMARY and one speedup-vs-length PNG per branch. Exit 0 ok, 2 bad input.",
+    _report_args, _report_run))
+register(Subcommand("pr", pr_cmd.HELP, pr_cmd.DESCRIPTION, pr_cmd.add_arguments, pr_cmd.run))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ci", description=__doc__.splitlines()[0])
+    subs = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    for sub in SUBCOMMANDS.values():
+        p = subs.add_parser(sub.name, help=sub.help, description=sub.description)
+        sub.add_arguments(p)
+        p.set_defaults(run=sub.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (ResultsError, decide.DecideError, report.ReportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""``python -m ci pr``: open, update or close the threshold PR for one decision.
+
+Exit codes: 0 done (any outcome, or a dry run), 1 GitHub refused or could not be reached,
+2 bad input (decision, report, config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import posixpath
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ci.config_edit import ConfigEditError, edit_thresholds, unified_diff
+from ci.pr_plan import PlanError, PrPlan, build_plan, load_report
+
+if TYPE_CHECKING:
+    from ci.github import Target
+
+__all__ = ["add_arguments", "main", "register", "run", "run_pr"]
+
+EXIT_OK, EXIT_GITHUB, EXIT_INPUT = 0, 1, 2
+DEFAULT_CONFIG = "configs/base.yaml"
+Connect = Callable[["Target"], Any]
+
+HELP = "open, update or close the threshold PR"
+DESCRIPTION = """\
+Open, update or close the pull request that proposes this GPU's FA-2 thresholds.
+
+One branch per profile (nsa-thresholds/<profile>), rebuilt from the base branch on every run: its
+commit changes only the threshold keys of configs/base.yaml plus reports/<profile>/. The outcome is
+created, updated, closed or none; it is printed and written to $GITHUB_OUTPUT (outcome=, pr_url=).
+
+Environment: GITHUB_REPOSITORY (owner/name), GITHUB_TOKEN or GH_TOKEN, GITHUB_API_URL (default
+https://api.github.com; GitHub Enterprise: https://HOST/api/v3). Without a token, or with
+--dry-run, nothing is sent: pr_body.md, config.diff and pr.json are written to --out-dir.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--decision", required=True, help="decision JSON written by `python -m ci decide`")
+    parser.add_argument(
+        "--report-dir",
+        default="out/report",
+        help="folder with report.md and *.png from `python -m ci report` (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--config", default=DEFAULT_CONFIG, help="config path in the repository (default: %(default)s)"
+    )
+    parser.add_argument("--base", default=None, help="base branch (default: the repository's default branch)")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="send nothing; write the planned PR to --out-dir"
+    )
+    parser.add_argument(
+        "--out-dir",
+        default="out/pr",
+        help="where pr_body.md, config.diff and pr.json go (default: %(default)s)",
+    )
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``pr`` subcommand to an ``argparse`` subparsers object; its ``func`` takes the namespace."""
+    parser = subparsers.add_parser(
+        "pr",
+        help=HELP,
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _write_outputs(out_dir: Path, plan: PrPlan, body: str, diff: str, info: Mapping[str, Any]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "pr_body.md").write_text(body, encoding="utf-8")
+    (out_dir / "config.diff").write_text(diff, encoding="utf-8")
+    doc = {
+        "title": plan.title,
+        "branch": plan.branch,
+        "labels": list(plan.labels),
+        "changes": plan.changes,
+        "files": [f.path for f in plan.files],
+        **info,
+    }
+    (out_dir / "pr.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def _github_output(env: Mapping[str, str], outcome: str, url: str) -> None:
+    path = env.get("GITHUB_OUTPUT")
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"outcome={outcome}\npr_url={url}\n")
+
+
+def _repo_path(path: str) -> str:
+    """``path`` as GitHub names it: relative to the repository root, with forward slashes."""
+    clean = posixpath.normpath(path.replace("\\", "/"))
+    if clean.startswith(("/", "../")) or clean in (".", ".."):
+        raise PlanError(
+            f"--config must be a path inside the repository, got {path!r}; pass it relative to the root, "
+            "e.g. configs/base.yaml"
+        )
+    return clean
+
+
+def _load_plan(args: argparse.Namespace) -> PrPlan:
+    try:
+        decision = json.loads(Path(args.decision).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PlanError(
+            f"--decision must be a readable JSON file, got {args.decision!r} ({exc}); run `python -m ci decide` first"
+        ) from None
+    profile = decision.get("profile") if isinstance(decision, dict) else None
+    build_plan(decision, "", ())  # validates the decision before the report is read
+    report, files = load_report(args.report_dir, str(profile))
+    return build_plan(decision, report, files)
+
+
+def _dry_run(args: argparse.Namespace, plan: PrPlan, why: str, env: Mapping[str, str], out: TextIO) -> int:
+    try:
+        with open(args.config, encoding="utf-8", newline="") as fh:
+            old = fh.read()
+    except OSError as exc:
+        raise ConfigEditError(
+            f"--config must be a readable file, got {args.config!r} ({exc.strerror}); run from the repository root"
+        ) from None
+    new = edit_thresholds(old, plan.profile, plan.changes, source=args.config)
+    diff = unified_diff(old, new, args.config)
+    would = "change" if diff else "nothing to change"
+    _write_outputs(
+        Path(args.out_dir), plan, plan.body(), diff, {"outcome": "dry-run", "base": args.base, "reason": why}
+    )
+    print(f"dry run ({why}): {would}; wrote pr_body.md, config.diff and pr.json to {args.out_dir}", file=out)
+    print("outcome=dry-run", file=out)
+    _github_output(env, "dry-run", "")
+    return EXIT_OK
+
+
+def run(
+    args: argparse.Namespace,
+    *,
+    env: Mapping[str, str] | None = None,
+    connector: Connect | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Run the ``pr`` subcommand for parsed ``args``; ``connector`` builds the client (tests pass one)."""
+    # Imported here so that the other subcommands never load the network code.
+    from ci.github import GitHubError, connect, publish, target_from_env
+
+    env = os.environ if env is None else env
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        plan = _load_plan(args)
+        target = None if args.dry_run else target_from_env(env)
+        if target is None:
+            why = "--dry-run" if args.dry_run else "no GITHUB_TOKEN or GH_TOKEN"
+            return _dry_run(args, plan, why, env, out)
+        gh = (connector or connect)(target)
+        result = publish(
+            gh,
+            target,
+            plan,
+            config_path=_repo_path(args.config),
+            base=args.base,
+            log=lambda line: print(line, file=err),
+        )
+    except (PlanError, ConfigEditError) as exc:
+        print(f"error: {exc}", file=err)
+        return EXIT_INPUT
+    except GitHubError as exc:
+        print(f"error: {exc}", file=err)
+        return EXIT_GITHUB
+    _write_outputs(
+        Path(args.out_dir),
+        plan,
+        result.body,
+        result.config_diff,
+        {"outcome": result.outcome, "pr_url": result.url, "base": result.base},
+    )
+    print(f"outcome={result.outcome}" + (f" pr_url={result.url}" if result.url else ""), file=out)
+    _github_output(env, result.outcome, result.url)
+    return EXIT_OK
+
+
+def run_pr(argv: Sequence[str] | None = None, **kwargs: Any) -> int:
+    """``python -m ci pr`` with ``argv`` (the arguments after ``pr``); keyword arguments go to ``run``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ci pr", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv), **kwargs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_pr(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

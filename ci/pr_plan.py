@@ -1,0 +1,199 @@
+"""What the threshold PR says and contains, built from a decision and a report folder (pure, no network).
+
+``ci.github`` sends a ``PrPlan``; a dry run writes it to disk. Keeping the plan pure lets the
+title, labels, body limit and committed paths be tested without a server.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BODY_LIMIT",
+    "LABEL",
+    "PlanError",
+    "PrPlan",
+    "ReportFile",
+    "branch_for",
+    "build_plan",
+    "link_images",
+    "load_report",
+    "truncate_body",
+]
+
+BODY_LIMIT = 65536  # GitHub rejects a PR body longer than this many characters
+TITLE_LIMIT = 256
+LABEL = "nsa-thresholds"
+REPORT_NAME = "report.md"
+PLOT_SUFFIXES = (".png",)
+_PROFILE = re.compile(r"sm[0-9]+[a-z]?")
+
+
+class PlanError(ValueError):
+    """The decision or report cannot make a PR; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class ReportFile:
+    """A file committed with the thresholds: ``path`` inside the repository, raw ``content``."""
+
+    path: str
+    content: bytes
+
+
+@dataclass(frozen=True)
+class PrPlan:
+    """Everything the PR needs apart from the repository's state."""
+
+    profile: str
+    gpu_name: str
+    branch: str
+    title: str
+    report: str
+    labels: tuple[str, ...]
+    changes: dict[str, int]
+    files: tuple[ReportFile, ...]
+    commit_message: str
+
+    @property
+    def report_dir(self) -> str:
+        return f"reports/{self.profile}"
+
+    def body(self, raw_base: str | None = None) -> str:
+        """The PR body: the report, image links pointing at ``raw_base`` when given, within the limit."""
+        text = self.report if raw_base is None else link_images(self.report, self.files, raw_base)
+        return truncate_body(text, f"{self.report_dir}/{REPORT_NAME}")
+
+
+def branch_for(profile: str) -> str:
+    """The one branch the pipeline pushes for ``profile``."""
+    return f"nsa-thresholds/{profile}"
+
+
+def truncate_body(text: str, full_report_path: str, limit: int = BODY_LIMIT) -> str:
+    """``text`` cut at a line boundary so that it plus a note fits in ``limit`` characters."""
+    if len(text) <= limit:
+        return text
+    note = (
+        f"\n\n---\n*Report truncated to fit GitHub's {limit}-character limit; the full report is "
+        f"committed as `{full_report_path}` on this PR's branch.*\n"
+    )
+    head = text[: limit - len(note)]
+    cut = head.rfind("\n")
+    if cut > len(head) // 2:
+        head = head[:cut]
+    return head + note
+
+
+def link_images(text: str, files: tuple[ReportFile, ...], raw_base: str) -> str:
+    """Point relative links to committed plots (``![..](plot.png)``, ``src="plot.png"``) at ``raw_base``."""
+    names = {f.path.rsplit("/", 1)[-1] for f in files}
+
+    def absolute(target: str) -> str | None:
+        name = target[2:] if target.startswith("./") else target
+        return f"{raw_base.rstrip('/')}/{name}" if name in names else None
+
+    def markdown(m: re.Match[str]) -> str:
+        url = absolute(m.group(2))
+        return m.group(0) if url is None else f"{m.group(1)}({url})"
+
+    def html(m: re.Match[str]) -> str:
+        url = absolute(m.group(2))
+        return m.group(0) if url is None else f"{m.group(1)}{url}{m.group(3)}"
+
+    text = re.sub(r"(!\[[^\]]*\])\(([^)\s]+)\)", markdown, text)
+    return re.sub(r"""(src=["'])([^"']+)(["'])""", html, text)
+
+
+def load_report(report_dir: str | Path, profile: str) -> tuple[str, tuple[ReportFile, ...]]:
+    """``report.md`` and the plots of ``report_dir``, as committed under ``reports/<profile>/``."""
+    folder = Path(report_dir)
+    report = folder / REPORT_NAME
+    if not report.is_file():
+        raise PlanError(
+            f"--report-dir must contain {REPORT_NAME}, got {str(folder)!r} without it; "
+            "run `python -m ci report` first and pass its output folder"
+        )
+    names = [REPORT_NAME] + sorted(
+        p.name for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PLOT_SUFFIXES
+    )
+    files = tuple(ReportFile(f"reports/{profile}/{n}", (folder / n).read_bytes()) for n in names)
+    return report.read_text(encoding="utf-8"), files
+
+
+def _branches(decision: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    branches = decision.get("branches")
+    if not isinstance(branches, Mapping) or not branches:
+        raise PlanError(
+            f"decision.branches must be a non-empty mapping, got {branches!r}; "
+            "pass the file written by `python -m ci decide`"
+        )
+    for name, b in branches.items():
+        ok = (
+            isinstance(b, Mapping)
+            and isinstance(b.get("key"), str)
+            and all(
+                isinstance(b.get(k), int) and not isinstance(b.get(k), bool) for k in ("current", "proposed")
+            )
+            and isinstance(b.get("changed"), bool)
+        )
+        if not ok:
+            raise PlanError(
+                f"decision.branches.{name} must have key (str), current and proposed (int) and changed "
+                f"(bool), got {b!r}; pass the file written by `python -m ci decide`"
+            )
+    return dict(branches)
+
+
+def _title(gpu_name: str, profile: str, branches: Mapping[str, Mapping[str, Any]]) -> str:
+    parts = [
+        f"{name} {b['current']} -> {b['proposed']}" if b["changed"] else f"{name} {b['current']} (unchanged)"
+        for name, b in branches.items()
+    ]
+    title = f"NSA thresholds for {gpu_name} ({profile}): {', '.join(parts)}"
+    return title if len(title) <= TITLE_LIMIT else title[: TITLE_LIMIT - 3] + "..."
+
+
+def build_plan(decision: Mapping[str, Any], report: str, files: tuple[ReportFile, ...]) -> PrPlan:
+    """The plan for ``decision`` (the JSON of ``ci decide``) with its rendered report."""
+    if not isinstance(decision, Mapping):
+        raise PlanError(
+            f"decision must be a JSON object, got {type(decision).__name__}; pass out/decision.json"
+        )
+    profile = decision.get("profile")
+    if not isinstance(profile, str) or not _PROFILE.fullmatch(profile):
+        raise PlanError(
+            f"decision.profile must be a GPU profile such as 'sm90', got {profile!r}; "
+            "a run without a GPU proposes no thresholds, so skip `ci pr` for it"
+        )
+    gpu_name = decision.get("gpu_name")
+    if not isinstance(gpu_name, str) or not gpu_name.strip():
+        raise PlanError(
+            f"decision.gpu_name must be a non-empty string, got {gpu_name!r}; "
+            "pass the file written by `python -m ci decide`"
+        )
+    branches = _branches(decision)
+    changes = {b["key"]: b["proposed"] for b in branches.values() if b["changed"]}
+    title = _title(gpu_name.strip(), profile, branches)
+    lines = [title, ""]
+    for name, b in branches.items():
+        state = f"{b['current']} -> {b['proposed']}" if b["changed"] else f"{b['current']} (unchanged)"
+        lines.append(f"profiles.{profile}.{b['key']} ({name}): {state}")
+        if b.get("reason"):
+            lines.append(f"  {b['reason']}")
+    lines += ["", f"Report: reports/{profile}/{REPORT_NAME}"]
+    return PrPlan(
+        profile=profile,
+        gpu_name=gpu_name.strip(),
+        branch=branch_for(profile),
+        title=title,
+        report=report,
+        labels=(LABEL, f"profile:{profile}"),
+        changes=changes,
+        files=files,
+        commit_message="\n".join(lines) + "\n",
+    )

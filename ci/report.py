@@ -1,0 +1,232 @@
+"""`ci report`: render a decision file as markdown (report.md, summary.md) plus plots.
+
+report.md doubles as the threshold PR body; summary.md is short enough for
+`$GITHUB_STEP_SUMMARY`. Templates live in the repository's `templates/` folder and render under
+StrictUndefined: a decision file missing a field fails loudly instead of printing a blank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from bench import results
+from ci import compare
+from ci.decide import DECISION_SUITE, SCHEMA
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+SUMMARY_LIMIT = 1024 * 1024  # GitHub rejects a step summary above 1 MiB
+SUMMARY_FAILURES = 5
+METHOD_KEYS = ("timer", "statistic", "warmup_ms", "warmup", "rep_ms", "rep", "interleaved", "l2_flush")
+RUN_SHOWN = ("file", "id", "created_at", "git_sha", "command", "method")
+
+
+class ReportError(ValueError):
+    """A decision or previous-run file the report cannot use."""
+
+
+def _fmt_ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4g}"
+
+
+def _fmt_num(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3g}"
+
+
+def _fmt_speedup(cell: Mapping[str, Any]) -> str:
+    if cell["speedup"] is None:
+        return "—"
+    return f"{cell['speedup']:.2f}x [{cell['ci_low']:.2f}, {cell['ci_high']:.2f}]"
+
+
+def _fmt_value(value: Any, nested: bool = False) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, Mapping):
+        text = ", ".join(f"{k}={_fmt_value(v, True)}" for k, v in value.items())
+        return f"({text})" if nested else text
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_fmt_value(v, True) for v in value) or "none"
+    return str(value)
+
+
+def _md_cell(value: Any) -> str:
+    """Text safe inside a markdown table cell (no pipes, no line breaks)."""
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             autoescape=False)  # markdown, not HTML
+    env.filters.update(num=_fmt_num, ms=_fmt_ms, speedup=_fmt_speedup, value=_fmt_value, md=_md_cell)
+    return env
+
+
+def _shape(params: Mapping[str, Any]) -> str:
+    dv = f" Dv{params['Dv']}" if "Dv" in params and params["Dv"] != params.get("Dk") else ""
+    return (f"B{params.get('B')} Hq{params.get('Hq')}/Hkv{params.get('Hkv')} "
+            f"D{params.get('Dk')}{dv} {params.get('dtype')}")
+
+
+def _grid(cell: Mapping[str, Any]) -> str:
+    p = cell["params"]
+    return str(p.get("window")) if cell["branch"] == "win" else f"{p.get('block')}, {p.get('stride')}"
+
+
+def _row(cell: Mapping[str, Any]) -> dict[str, Any]:
+    return {**cell, "shape": _shape(cell["params"]), "grid": _grid(cell) if cell["branch"] else "",
+            "decides": "yes" if cell["used_for_decision"] else (cell["note"] or "no")}
+
+
+def _branch_rows(decision: Mapping[str, Any], branch: str) -> list[dict[str, Any]]:
+    cells = [c for c in decision["cells"] if c["branch"] == branch and c["suite"] == DECISION_SUITE]
+    cells.sort(key=lambda c: (not c["used_for_decision"], _grid(c), c["T"] or 0, _shape(c["params"]),
+                              c["candidate_backend"]))
+    return [_row(c) for c in cells]
+
+
+def _length_rows(branch: Mapping[str, Any], cells_by_id: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for length in branch["lengths"]:
+        counts: dict[str, int] = {}
+        for cid in length["cells"]:
+            v = cells_by_id[cid]["verdict"]
+            counts[v] = counts.get(v, 0) + 1
+        rows.append({**length, "counts": ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))})
+    return rows
+
+
+def _machine_rows(machine: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Required fields first, then the rest sorted; a nested record (NVML clocks) one row per field."""
+    keys = [k for k in results.MACHINE_FIELDS if k in machine]
+    keys += sorted(k for k in machine if k not in results.MACHINE_FIELDS)
+    rows = []
+    for k in keys:
+        if isinstance(machine[k], Mapping):
+            rows += [(f"{k}.{sub}", _fmt_value(v)) for sub, v in machine[k].items()]
+        else:
+            rows.append((k, _fmt_value(machine[k])))
+    return rows
+
+
+def _method_rows(run: Mapping[str, Any]) -> list[tuple[str, str]]:
+    method = run.get("method")
+    if not isinstance(method, Mapping):
+        return []
+    keys = [k for k in METHOD_KEYS if k in method] + sorted(k for k in method if k not in METHOD_KEYS)
+    return [(k, _fmt_value(method[k])) for k in keys]
+
+
+def _comparison(decision: Mapping[str, Any], previous: Mapping[str, Any] | None,
+                previous_name: str) -> dict[str, Any] | None:
+    if previous is None:
+        return None
+    prev_gpu = previous.get("gpu_name") or previous["machine"]["gpu_name"]
+    result = compare.compare(compare.timings(decision), compare.timings(previous), decision["margin"])
+    return {**result, "name": previous_name, "gpu_name": prev_gpu,
+            "same_gpu": prev_gpu == decision["gpu_name"]}
+
+
+def context(decision: Mapping[str, Any], previous: Mapping[str, Any] | None = None,
+            previous_name: str = "", plot_files: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    """Everything the templates read: the raw decision as `d` plus derived, sorted rows."""
+    cells_by_id = {c["id"]: c for c in decision["cells"]}
+    branch_cells = {name: _branch_rows(decision, name) for name in decision["branches"]}
+    shown = {c["id"] for rows in branch_cells.values() for c in rows}
+    failed_cells = [_row(c) for c in decision["cells"] if c["verdict"] == "failed"]
+    in_failed_cells = {c[k] for c in failed_cells for k in ("id", "baseline_id")}
+    return {
+        "d": decision,
+        "machine_rows": _machine_rows(decision["machine"]),
+        "runs": [{**run, "method_rows": _method_rows(run),
+                  "extra_rows": [(k, _fmt_value(v)) for k, v in run.items() if k not in RUN_SHOWN]}
+                 for run in decision["runs"]],
+        "failed_cells": failed_cells,
+        "other_failures": [f for f in decision["failures"] if f["id"] not in in_failed_cells],
+        "branch_cells": branch_cells,
+        "length_rows": {n: _length_rows(b, cells_by_id) for n, b in decision["branches"].items()},
+        "other_cells": [_row(c) for c in decision["cells"] if c["id"] not in shown],
+        "parity_failed": [p for p in decision["parity"] if not p["passed"]],
+        "parity_passed": [p for p in decision["parity"] if p["passed"]],
+        "comparison": _comparison(decision, previous, previous_name),
+        "plots": {name: (plot_files or {}).get(name) for name in decision["branches"]},
+        "summary_failures": SUMMARY_FAILURES,
+    }
+
+
+def render_report(decision: Mapping[str, Any], previous: Mapping[str, Any] | None = None,
+                  previous_name: str = "", plot_files: Mapping[str, str | None] | None = None) -> str:
+    """report.md: the full report (also the threshold PR body)."""
+    ctx = context(decision, previous, previous_name, plot_files)
+    return environment().get_template("report.md.j2").render(**ctx)
+
+
+def render_summary(decision: Mapping[str, Any]) -> str:
+    """summary.md: thresholds and headline lines, always under SUMMARY_LIMIT bytes."""
+    text = environment().get_template("summary.md.j2").render(**context(decision))
+    if len(text.encode()) > SUMMARY_LIMIT:
+        cut = text.encode()[:SUMMARY_LIMIT - 200].decode(errors="ignore")
+        text = cut + "\n\n(summary truncated at 1 MiB; read report.md)\n"
+    return text
+
+
+def _read_json(path: str | os.PathLike[str], what: str) -> Any:
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ReportError(f"cannot read {what} {p}: {exc.strerror}; check the path") from None
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{what} {p} must be JSON, got a parse error ({exc})") from None
+
+
+def load_decision(path: str | os.PathLike[str]) -> dict[str, Any]:
+    doc = _read_json(path, "decision file")
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise ReportError(f"decision file {path} must have schema {SCHEMA!r}, got {got!r}; "
+                          "write it with `python -m ci decide`")
+    return doc
+
+
+def load_previous(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A previous decision file or results file, for the comparison section."""
+    doc = _read_json(path, "previous run")
+    if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
+        return doc
+    try:
+        return results.check(doc, str(path))
+    except results.ResultsError as exc:
+        raise ReportError(f"previous run {path} must be a results or decision file; {exc}") from None
+
+
+def write_report(decision_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
+                 previous_path: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Write report.md, summary.md and one speedup PNG per branch with data; return the paths."""
+    decision = load_decision(decision_path)
+    previous = load_previous(previous_path) if previous_path else None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    from ci import plots  # matplotlib is slow to import; only this entry point draws
+
+    try:
+        cells = [c for c in decision["cells"] if c["suite"] == DECISION_SUITE]
+        plot_files = {name: plots.plot_branch(cells, name, decision["margin"], out / f"speedup_{name}.png")
+                      for name in decision["branches"]}
+        names = {name: png.name if png else None for name, png in plot_files.items()}
+        report = render_report(decision, previous, str(previous_path or ""), names)
+        summary = render_summary(decision)
+    except (KeyError, TypeError, jinja2.UndefinedError) as exc:
+        raise ReportError(f"decision file {decision_path} lacks a field the report needs ({exc}); "
+                          "regenerate it with `python -m ci decide`") from None
+    written = [png for png in plot_files.values() if png]
+    for name, text in (("report.md", report), ("summary.md", summary)):
+        (out / name).write_text(text, encoding="utf-8")
+        written.append(out / name)
+    return written

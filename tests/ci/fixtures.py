@@ -1,0 +1,145 @@
+"""Synthetic results documents for the ci tests (schema v1, validated by bench.results.check).
+
+Timings are deterministic: each case's samples come from a generator seeded by its id, so the
+bootstrap (also seeded) gives the same verdicts, and the same golden report, on every machine.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from bench import results
+
+TIGHT = 0.01  # +-1% uniform noise: the interval is far narrower than the margin's headroom
+NOISY = 0.5  # +-50%: the interval straddles any margin near the true speedup
+N_SAMPLES = 30
+
+
+def samples(median_ms: float, spread: float, key: str, n: int = N_SAMPLES) -> list[float]:
+    rng = np.random.default_rng(zlib.crc32(key.encode()))
+    return [round(median_ms * (1 + spread * u), 6) for u in rng.uniform(-1, 1, n)]
+
+
+def machine(sm: str = "sm90", gpu_name: str = "NVIDIA H100 80GB HBM3", **extra: Any) -> dict[str, Any]:
+    return {"gpu_name": gpu_name, "sm": sm, "driver": "550.54.15", "cuda": "12.4", "torch": "2.5.1",
+            "triton": "3.1.0", "flash_attn": "2.6.3" if sm != "cpu" else None, "python": "3.11.7", **extra}
+
+
+def run(method: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    doc: dict[str, Any] = {"id": "run-0001", "created_at": "2025-03-01T12:00:00Z", "git_sha": "abc1234",
+                           "command": "python -m bench --suite fa2"}
+    if method is not None:
+        doc["method"] = dict(method)
+    return doc
+
+
+METHOD = {"timer": "cuda_events", "warmup_ms": 25, "rep": 100, "interleaved": True, "l2_flush": True}
+
+
+def sliding_params(T: int, window: int = 512, B: int = 1, Hq: int = 8, Hkv: int = 2, D: int = 64,
+                   dtype: str = "bf16") -> dict[str, Any]:
+    return {"B": B, "T": T, "Hq": Hq, "Hkv": Hkv, "Dk": D, "Dv": D, "window": window, "dtype": dtype}
+
+
+def compressed_params(T: int, block: int = 32, stride: int = 16, B: int = 1, Hq: int = 8, Hkv: int = 2,
+                      D: int = 64, dtype: str = "bf16") -> dict[str, Any]:
+    return {"B": B, "T": T, "Hq": Hq, "Hkv": Hkv, "Dk": D, "Dv": D, "block": block, "stride": stride,
+            "dtype": dtype}
+
+
+def case(suite: str, op: str, backend: str, params: Mapping[str, Any], median_ms: float | None = 1.0,
+         spread: float = TIGHT, status: str = "ok", reason: str = "",
+         parity: Mapping[str, Any] | None = None, n: int = N_SAMPLES) -> dict[str, Any]:
+    cid = results.case_id(suite, op, backend, params)
+    doc: dict[str, Any] = {"id": cid, "suite": suite, "op": op, "backend": backend, "params": dict(params),
+                           "status": status, "reason": reason}
+    if status == "ok":
+        doc["timing"] = results.timing_summary(samples(median_ms, spread, cid, n))
+    if parity is not None:
+        doc["parity"] = dict(parity)
+    return doc
+
+
+def parity(passed: bool = True) -> dict[str, Any]:
+    return {"max_abs_err": 0.002 if passed else 0.25, "rel_err": 0.001 if passed else 0.3, "tol": 0.0078,
+            "passed": passed}
+
+
+def pair(op: str, params: Mapping[str, Any], speedup: float, candidate: str = "flash_attn",
+         suite: str = "fa2", spread: float = TIGHT, sdpa_ms: float | None = None,
+         candidate_parity: bool = True) -> list[dict[str, Any]]:
+    """An sdpa case and a candidate case whose true speedup is `speedup`."""
+    base_ms = sdpa_ms if sdpa_ms is not None else 0.001 * params["T"]
+    return [case(suite, op, "sdpa", params, base_ms, spread),
+            case(suite, op, candidate, params, base_ms / speedup, spread, parity=parity(candidate_parity))]
+
+
+def sweep(op: str, speedups: Mapping[int, float | str], **kw: Any) -> list[dict[str, Any]]:
+    """Pairs over T; a value "noisy" means true speedup 1.2 (the margin) with +-50% noise."""
+    make = sliding_params if op == "sliding" else compressed_params
+    grid = {k: kw.pop(k) for k in ("window", "block", "stride", "B", "Hq", "Hkv", "D", "dtype") if k in kw}
+    cases: list[dict[str, Any]] = []
+    for T, s in speedups.items():
+        if s == "noisy":
+            cases += pair(op, make(T, **grid), 1.2, spread=NOISY, **kw)
+        else:
+            cases += pair(op, make(T, **grid), float(s), **kw)
+    return cases
+
+
+def calibration(median_ms: float, spread: float, T: int = 4096, backend: str = "sdpa") -> list[dict[str, Any]]:
+    """Replicas A and B of one sliding case, same true time."""
+    return [case("calibration", "sliding", backend, {**sliding_params(T), "replica": r}, median_ms, spread)
+            for r in ("A", "B")]
+
+
+def document(cases: Iterable[Mapping[str, Any]], sm: str = "sm90", method: Mapping[str, Any] | None = None,
+             run_extra: Mapping[str, Any] | None = None, **machine_extra: Any) -> dict[str, Any]:
+    gpu = {"sm90": "NVIDIA H100 80GB HBM3", "sm89": "NVIDIA L4", "cpu": "cpu"}.get(sm, "GPU")
+    doc = {"schema_version": results.SCHEMA_VERSION, "run": {**run(method), **(run_extra or {})},
+           "machine": machine(sm, gpu, **machine_extra), "cases": list(cases)}
+    return results.check(doc, "fixture")
+
+
+CONFIG: dict[str, Any] = {
+    "nsa": {"cmp_block": 32, "cmp_stride": 16, "sel_block": 64, "sel_count": 16, "window": 512},
+    "decide": {"margin": 1.2, "confidence": 0.95},
+    "runtime": {"fa2_min_len_win": -1, "fa2_min_len_cmp": -1},
+    "profiles": {"sm90": {"fa2_min_len_win": -1, "fa2_min_len_cmp": -1}},
+}
+
+
+def config(win: int = -1, cmp: int = -1, runtime: tuple[int, int] = (-1, -1)) -> dict[str, Any]:
+    """CONFIG with the sm90 profile at (win, cmp) and runtime at `runtime`."""
+    return {**CONFIG, "runtime": {"fa2_min_len_win": runtime[0], "fa2_min_len_cmp": runtime[1]},
+            "profiles": {"sm90": {"fa2_min_len_win": win, "fa2_min_len_cmp": cmp}}}
+
+
+# The spec's H100 sliding picture (masked/FA-2 at w=512): adopt from 2048 up.
+WIN_ADOPT_FROM_2048 = {256: 0.44, 512: 0.62, 1024: 0.73, 2048: 1.5, 4096: 3.4, 8192: 6.75}
+# The spec's compressed picture: FA-2 wins at short lengths only.
+CMP_SHORT_WINS = {256: 5.4, 512: 4.0, 1024: 3.0, 2048: 2.5, 8192: 0.65, 16384: 0.6}
+
+
+def golden_document() -> dict[str, Any]:
+    """Every section of the report at once: the input of the golden-file test."""
+    cases = sweep("sliding", WIN_ADOPT_FROM_2048)
+    cases += sweep("sliding", {2048: 0.9, 8192: 2.0}, window=256)  # off-grid: reported only
+    cases.append(case("fa2", "sliding", "flex", sliding_params(4096), 4.096 / 2.1))  # not FA-2: reported only
+    cases += sweep("compressed", {256: 5.4, 1024: 3.0, 8192: 0.65})
+    cases += pair("compressed", compressed_params(512), 4.0, candidate_parity=False)
+    cases += sweep("sliding", {4096: 3.3}, suite="sweep")  # other suite: reported only
+    cases.append(case("fa2", "sliding", "torch_fa2", sliding_params(16384), status="skipped",
+                      reason="torch_fa2 needs torch >= 2.6 (have 2.5.1)"))
+    cases.append(case("fa2", "sliding", "sdpa", sliding_params(16384), 16.4))
+    cases.append(case("fa2", "selected", "triton", sliding_params(4096), status="failed",
+                      reason="triton compile error: out of shared memory"))
+    cases += calibration(2.0, 0.02) + calibration(0.01, 0.4, T=64)
+    nvml = {"available": True, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "temperature_c": 41,
+            "throttle_reasons": []}
+    dispatch = {"fa2_min_len_win": {"value": -1, "source": "profiles.sm90"}}
+    return document(cases, method=METHOD, run_extra={"dispatch": dispatch}, nvml=nvml, gpu_memory_gib=79.1)

@@ -1,0 +1,93 @@
+"""`python -m ci decide` and `python -m ci report`: files, printed lines, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import results
+from ci.__main__ import SUBCOMMANDS, main
+from tests.ci import fixtures as fx
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "configs" / "base.yaml"
+
+
+def write_results(tmp_path: Path, cases: list, name: str = "results.json", sm: str = "sm90") -> Path:
+    return results.dump(fx.document(cases, sm=sm), tmp_path / name)
+
+
+def test_decide_then_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = write_results(tmp_path, fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
+    out = tmp_path / "out" / "decision.json"
+    assert main(["decide", "--results", str(res), "--config", str(CONFIG), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("win sm90.fa2_min_len_win: -1 -> 2048: ")
+    assert lines[1].startswith("cmp sm90.fa2_min_len_cmp: -1 (unchanged): keeping -1")
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["results_files"] == [str(res)] and doc["branches"]["win"]["proposed"] == 2048
+    assert main(["report", "--decision", str(out), "--out-dir", str(tmp_path / "rep")]) == 0
+    assert (tmp_path / "rep" / "report.md").is_file() and (tmp_path / "rep" / "speedup_win.png").is_file()
+
+
+def test_decide_exits_3_on_parity_failure_and_still_writes(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    res = write_results(tmp_path, fx.pair("sliding", fx.sliding_params(4096), 3.0, candidate_parity=False))
+    out = tmp_path / "decision.json"
+    assert main(["decide", "--results", str(res), "--config", str(CONFIG), "--out", str(out)]) == 3
+    assert "1 parity failure(s)" in capsys.readouterr().err
+    assert json.loads(out.read_text(encoding="utf-8"))["exit_code"] == 3
+
+
+def test_margin_flag_overrides_config(tmp_path: Path) -> None:
+    res = write_results(tmp_path, fx.sweep("sliding", {4096: 1.5}))
+    out = tmp_path / "d.json"
+    assert main(["decide", "--results", str(res), "--config", str(CONFIG), "--margin", "2", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["margin"] == 2.0 and doc["branches"]["win"]["proposed"] == -1
+
+
+@pytest.mark.parametrize("problem", ["missing", "mixed_sm", "bad_config", "bad_json"])
+def test_bad_input_exits_2_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str], problem: str) -> None:
+    res = write_results(tmp_path, fx.sweep("sliding", {1024: 2.0}))
+    args = ["decide", "--results", str(res), "--config", str(CONFIG), "--out", str(tmp_path / "d.json")]
+    expected = {"missing": "cannot read results file", "mixed_sm": "one GPU architecture",
+                "bad_config": "nsa.window must be set", "bad_json": "is not valid JSON"}[problem]
+    if problem == "missing":
+        args[2] = str(tmp_path / "nope.json")
+    elif problem == "mixed_sm":
+        args.insert(3, str(write_results(tmp_path, fx.sweep("sliding", {2048: 2.0}), "l4.json", sm="sm89")))
+    elif problem == "bad_config":
+        (tmp_path / "c.yaml").write_text("decide: {margin: 1.2, confidence: 0.95}\n"
+                                         "runtime: {fa2_min_len_win: -1, fa2_min_len_cmp: -1}\n", encoding="utf-8")
+        args[4] = str(tmp_path / "c.yaml")
+    else:
+        res.write_text("{", encoding="utf-8")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and expected in err
+    assert not (tmp_path / "d.json").exists()
+
+
+def test_report_bad_decision_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", "--decision", str(tmp_path / "none.json"), "--out-dir", str(tmp_path)]) == 2
+    assert "cannot read decision file" in capsys.readouterr().err
+
+
+def test_help_and_registry() -> None:
+    assert {"decide", "report"} <= set(SUBCOMMANDS)
+    proc = subprocess.run([sys.executable, "-m", "ci", "decide", "--help"], cwd=REPO, capture_output=True,
+                          text=True, check=True)
+    assert "--results" in proc.stdout and "Exit 0 ok, 2 bad input, 3 parity failure" in " ".join(proc.stdout.split())
+    proc = subprocess.run([sys.executable, "-m", "ci"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2 and "decide" in proc.stderr
+
+
+def test_ci_never_imports_torch() -> None:
+    code = ("import sys, ci.__main__, ci.report, ci.plots, ci.decide; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)

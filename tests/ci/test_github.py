@@ -1,0 +1,367 @@
+"""End-to-end tests of ``python -m ci pr`` against the local fake GitHub (no network leaves the host)."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from github import GithubRetry
+
+from ci.github import Secret, Target, connect
+from ci.pr_cmd import run_pr
+from tests.ci.fake_github import FakeGitHub, Pull
+
+TOKEN = "ghs_FAKE0123456789abcdefTOKEN"
+BRANCH = "nsa-thresholds/sm90"
+GOLDEN = Path(__file__).parent / "golden"
+BASE_CONFIG = (GOLDEN / "config_base.yaml").read_bytes()
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
+
+
+def decision(win: tuple[int, int] = (-1, 4096), cmp: tuple[int, int] = (-1, -1)) -> dict[str, Any]:
+    def branch(key: str, current: int, proposed: int) -> dict[str, Any]:
+        return {
+            "key": key,
+            "current": current,
+            "proposed": proposed,
+            "changed": proposed != current,
+            "reason": f"measured {proposed}",
+        }
+
+    return {
+        "profile": "sm90",
+        "gpu_name": "NVIDIA H100 80GB HBM3",
+        "branches": {"win": branch("fa2_min_len_win", *win), "cmp": branch("fa2_min_len_cmp", *cmp)},
+    }
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeGitHub]:
+    files = {"configs/base.yaml": BASE_CONFIG, "README.md": b"# nsa\n"}
+    with FakeGitHub(files, token=TOKEN) as server:
+        yield server
+
+
+class Runner:
+    """Writes the inputs and runs ``ci pr`` in-process with a fast, small-retry client."""
+
+    def __init__(self, tmp: Path, fake: FakeGitHub) -> None:
+        self.tmp, self.fake = tmp, fake
+        self.output = tmp / "github_output"
+        self.env = {
+            "GITHUB_API_URL": fake.api_url,
+            "GITHUB_REPOSITORY": "octo/nsa",
+            "GITHUB_TOKEN": TOKEN,
+            "GITHUB_OUTPUT": str(self.output),
+        }
+        self.retry: Any = GithubRetry(total=2, backoff_factor=0, max_rate_limit_wait=1)
+        self.report = "# Report\n\n![speedup](speedup_win.png)\n"
+        self.plots = {"speedup_win.png": PNG}
+
+    def __call__(self, doc: dict[str, Any], *extra: str) -> tuple[int, str, str]:
+        report_dir = self.tmp / "report"
+        report_dir.mkdir(exist_ok=True)
+        for old in report_dir.iterdir():
+            old.unlink()
+        (report_dir / "report.md").write_text(self.report, encoding="utf-8")
+        for name, content in self.plots.items():
+            (report_dir / name).write_bytes(content)
+        (self.tmp / "decision.json").write_text(json.dumps(doc), encoding="utf-8")
+        out, err = io.StringIO(), io.StringIO()
+        argv = [
+            "--decision",
+            str(self.tmp / "decision.json"),
+            "--report-dir",
+            str(report_dir),
+            "--out-dir",
+            str(self.tmp / "pr"),
+            *extra,
+        ]
+        rc = run_pr(
+            argv,
+            env=self.env,
+            out=out,
+            err=err,
+            connector=lambda target: connect(target, retry=self.retry, pace=False, timeout=5),
+        )
+        text_out, text_err = out.getvalue(), err.getvalue()
+        assert TOKEN not in text_out + text_err
+        return rc, text_out, text_err
+
+    def outputs(self) -> list[str]:
+        return self.output.read_text().splitlines() if self.output.exists() else []
+
+
+@pytest.fixture
+def run(tmp_path: Path, fake: FakeGitHub) -> Runner:
+    return Runner(tmp_path, fake)
+
+
+def config_diff(fake: FakeGitHub, ref: str) -> list[tuple[str, str]]:
+    old = fake.files_at("main")["configs/base.yaml"].decode().splitlines(keepends=True)
+    new = fake.files_at(ref)["configs/base.yaml"].decode().splitlines(keepends=True)
+    assert len(old) == len(new)
+    return [(a, b) for a, b in zip(old, new, strict=True) if a != b]
+
+
+def test_outcome_sequence(run: Runner, fake: FakeGitHub) -> None:
+    rc, out, _ = run(decision())
+    assert rc == 0 and "outcome=created" in out
+    (pr,) = fake.open_pulls()
+    assert pr.head == BRANCH and pr.base == "main"
+    assert pr.title == "NSA thresholds for NVIDIA H100 80GB HBM3 (sm90): win -1 -> 4096, cmp -1 (unchanged)"
+    assert sorted(pr.labels) == ["nsa-thresholds", "profile:sm90"]
+    head = fake.refs[f"heads/{BRANCH}"]
+    assert f"{fake.html_url}/raw/{head}/reports/sm90/speedup_win.png" in pr.body
+    assert run.outputs() == ["outcome=created", f"pr_url={fake.html_url}/pull/{pr.number}"]
+    assert fake.commits[head]["parents"] == [fake.refs["heads/main"]]
+
+    run.report = "# Report, second run\n"
+    run.plots = {}
+    rc, out, _ = run(decision())
+    assert rc == 0 and "outcome=updated" in out
+    assert [p.number for p in fake.open_pulls()] == [pr.number]
+    assert pr.body == "# Report, second run\n"
+    # Rebuilt from base: the plot of the first run is gone, nothing of the first commit is kept.
+    assert "reports/sm90/speedup_win.png" not in fake.files_at(BRANCH)
+    assert fake.commits[fake.refs[f"heads/{BRANCH}"]]["parents"] == [fake.refs["heads/main"]]
+
+    rc, out, _ = run(decision(win=(-1, -1)))
+    assert rc == 0 and "outcome=closed" in out
+    assert fake.open_pulls() == [] and pr.state == "closed"
+    assert "no longer needed" in pr.comments[-1]
+    assert f"heads/{BRANCH}" not in fake.refs
+
+    rc, out, _ = run(decision(win=(-1, -1)))
+    assert rc == 0 and out.strip() == "outcome=none"
+    assert run.outputs()[-2:] == ["outcome=none", "pr_url="]
+    assert len(fake.pulls) == 1
+    assert json.loads((run.tmp / "pr" / "pr.json").read_text())["outcome"] == "none"
+
+
+def test_commit_changes_only_threshold_lines_and_report(run: Runner, fake: FakeGitHub) -> None:
+    assert run(decision(win=(-1, 4096), cmp=(-1, 2048)))[0] == 0
+    base, branch = fake.files_at("main"), fake.files_at(BRANCH)
+    assert set(branch) - set(base) == {"reports/sm90/report.md", "reports/sm90/speedup_win.png"}
+    assert {p for p in base if base[p] != branch.get(p)} == {"configs/base.yaml"}
+    assert config_diff(fake, BRANCH) == [
+        ("    fa2_min_len_win: -1\n", "    fa2_min_len_win: 4096\n"),
+        ("    fa2_min_len_cmp: -1\n", "    fa2_min_len_cmp: 2048\n"),
+    ]
+    assert branch["configs/base.yaml"] == (GOLDEN / "config_base.sm90.expected.yaml").read_bytes()
+    assert branch["reports/sm90/speedup_win.png"] == PNG
+    diff = (run.tmp / "pr" / "config.diff").read_text()
+    assert "+    fa2_min_len_win: 4096" in diff and "+    fa2_min_len_cmp: 2048" in diff
+
+
+def test_rerun_without_change_pushes_nothing(run: Runner, fake: FakeGitHub) -> None:
+    assert run(decision())[0] == 0
+    head = fake.refs[f"heads/{BRANCH}"]
+    del fake.log[:]
+    rc, out, _ = run(decision())
+    assert rc == 0 and "outcome=updated" in out
+    assert fake.refs[f"heads/{BRANCH}"] == head
+    assert not [w for w in fake.writes() if "/git/refs" in w[1] or "/git/commits" in w[1]]
+
+
+def test_base_already_has_the_values(run: Runner, fake: FakeGitHub) -> None:
+    """A decision made before its PR was merged proposes nothing new against the current base."""
+    assert run(decision())[0] == 0
+    merged = BASE_CONFIG.replace(
+        b"  sm90:   # Hopper: H100, H200\n    fa2_min_len_win: -1",
+        b"  sm90:   # Hopper: H100, H200\n    fa2_min_len_win: 4096",
+    )
+    fake.commit_files("main", {**fake.files_at("main"), "configs/base.yaml": merged}, "merge")
+    rc, out, _ = run(decision())
+    assert rc == 0 and "outcome=closed" in out
+    assert run(decision())[1].strip() == "outcome=none"
+
+
+def test_base_option_and_ghe_prefix(run: Runner, fake: FakeGitHub) -> None:
+    fake.commit_files("release", fake.files_at("main"), "branch off", parents=[])
+    rc, out, _ = run(decision(), "--base", "release")
+    assert rc == 0 and "outcome=created" in out
+    assert fake.open_pulls()[0].base == "release"
+    assert all(path.startswith("/api/v3/") for _, path, _ in fake.log)
+
+
+def test_duplicate_open_prs_are_collapsed(run: Runner, fake: FakeGitHub) -> None:
+    assert run(decision())[0] == 0
+    first = fake.open_pulls()[0]
+
+    fake.pulls[99] = Pull(99, BRANCH, "main", "dup", "dup")  # left by some earlier bug
+    rc, out, _ = run(decision())
+    assert rc == 0 and "outcome=updated" in out
+    assert [p.number for p in fake.open_pulls()] == [first.number]
+    assert "Superseded" in fake.pulls[99].comments[0]
+
+
+@pytest.mark.parametrize("retry", ["retrying", "no-retry"])
+def test_5xx_after_create_never_duplicates(run: Runner, fake: FakeGitHub, retry: str) -> None:
+    """GitHub created the PR but answered 500: a retried POST (or our own look) must find it."""
+    if retry == "no-retry":
+        run.retry = 0
+    fake.fail("POST", r"/pulls$", 500, after=True)
+    rc, out, err = run(decision())
+    assert rc == 0 and "outcome=created" in out
+    assert len(fake.pulls) == 1 and len(fake.open_pulls()) == 1
+    assert "found PR #1 after a failed create" in err
+    posts = [w for w in fake.writes() if w[0] == "POST" and w[1].endswith("/pulls")]
+    assert [status for *_, status in posts] == ([500, 422] if retry == "retrying" else [500])
+    assert run(decision())[1].startswith("outcome=updated")
+    assert len(fake.pulls) == 1
+
+
+def test_403_on_create_leaves_state_a_rerun_repairs(run: Runner, fake: FakeGitHub) -> None:
+    fake.fail("POST", r"/pulls$", 403, message="Resource not accessible by integration")
+    rc, out, err = run(decision())
+    assert rc == 1 and "outcome" not in out
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: GitHub answered 403 for POST /repos/octo/nsa/pulls")
+    assert "pull-requests: write" in line and "GitHub App token" in line
+    assert f"heads/{BRANCH}" in fake.refs and fake.pulls == {}
+    rc, out, _ = run(decision())
+    assert rc == 0 and "outcome=created" in out and len(fake.pulls) == 1
+
+
+def test_push_failure_then_nothing_to_change_cleans_the_branch(run: Runner, fake: FakeGitHub) -> None:
+    run.retry = 0
+    fake.fail("POST", r"/pulls$", 502)
+    assert run(decision())[0] == 1
+    assert f"heads/{BRANCH}" in fake.refs
+    rc, out, _ = run(decision(win=(-1, -1)))
+    assert rc == 0 and out.strip() == "outcome=none"
+    assert f"heads/{BRANCH}" not in fake.refs
+
+
+def test_422_on_ref_create(run: Runner, fake: FakeGitHub) -> None:
+    fake.fail("POST", r"/git/refs$", 422, message="Reference update failed: protected by a ruleset")
+    rc, _, err = run(decision())
+    assert rc == 1
+    assert "GitHub answered 422 for POST /repos/octo/nsa/git/refs (Reference update failed" in err
+    assert fake.pulls == {} and f"heads/{BRANCH}" not in fake.refs
+    assert run(decision())[0] == 0 and len(fake.open_pulls()) == 1
+
+
+def test_failed_close_is_repaired_by_rerun(run: Runner, fake: FakeGitHub) -> None:
+    assert run(decision())[0] == 0
+    run.retry = 0
+    fake.fail("PATCH", r"/pulls/\d+$", 500)
+    rc, _, err = run(decision(win=(-1, -1)))
+    assert rc == 1 and "GitHub answered 500 for PATCH" in err and "rerun later" in err
+    assert len(fake.open_pulls()) == 1
+    rc, out, _ = run(decision(win=(-1, -1)))
+    assert rc == 0 and "outcome=closed" in out and fake.open_pulls() == []
+
+
+def test_bad_token_is_never_shown(run: Runner, fake: FakeGitHub, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.token = "ghs_the_right_one"  # the fake echoes the rejected credential in its message
+    rc, out, err = run(decision())
+    assert rc == 1
+    assert "GitHub answered 401 for GET /repos/octo/nsa" in err and "GITHUB_TOKEN" in err
+    assert "***" in err
+    captured = capsys.readouterr()
+    assert TOKEN not in captured.out + captured.err
+    assert run.outputs() == []
+
+
+def test_token_wrappers_hide_the_token() -> None:
+    secret = Secret(TOKEN)
+    target = Target("https://api.github.com", "o/r", secret)
+    assert TOKEN not in repr(secret) + str(secret) + repr(target) + str(target)
+    assert secret.scrub(f"x {TOKEN} y") == "x *** y"
+
+
+def test_rate_limit(run: Runner, fake: FakeGitHub) -> None:
+    reset = int(time.time()) + 3600
+    fake.fail(
+        "GET",
+        r"/pulls$",
+        403,
+        message="API rate limit exceeded for installation ID 1.",
+        headers={"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": str(reset)},
+        times=5,
+    )
+    rc, _, err = run(decision())
+    assert rc == 1
+    assert "GitHub answered 403 for GET /repos/octo/nsa/pulls" in err
+    assert "rate limit is exhausted (resets at" in err and "rerun after the reset" in err
+    assert fake.writes() == []
+
+
+def test_unknown_repository(run: Runner) -> None:
+    run.env["GITHUB_REPOSITORY"] = "octo/missing"
+    rc, _, err = run(decision())
+    assert rc == 1 and "GitHub answered 404 for GET /repos/octo/missing" in err
+    assert "check GITHUB_REPOSITORY" in err
+
+
+def test_unreachable_api(run: Runner) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run.env["GITHUB_API_URL"] = f"http://127.0.0.1:{port}/api/v3"
+    run.retry = 0
+    rc, _, err = run(decision())
+    assert rc == 1 and "could not reach GitHub at http://127.0.0.1:" in err and "GITHUB_API_URL" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_label_failure_only_warns(run: Runner, fake: FakeGitHub) -> None:
+    fake.fail("POST", r"/labels$", 403, message="Resource not accessible by integration", times=10)
+    rc, out, err = run(decision())
+    assert rc == 0 and "outcome=created" in out
+    assert "warning: labels not set" in err
+
+
+def test_missing_profile_on_base_is_an_input_error(run: Runner, fake: FakeGitHub) -> None:
+    doc = decision()
+    doc["profile"] = "sm100"
+    rc, _, err = run(doc)
+    assert rc == 2 and "profiles.sm100 must be a mapping in configs/base.yaml on main" in err
+    assert fake.writes() == []
+
+
+@pytest.mark.parametrize("mode", ["no-token", "flag"])
+def test_dry_run_sends_nothing(
+    run: Runner, fake: FakeGitHub, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # --config defaults to configs/base.yaml
+    extra: tuple[str, ...] = ()
+    if mode == "no-token":
+        del run.env["GITHUB_TOKEN"]
+    else:
+        extra = ("--dry-run",)
+    rc, out, _ = run(decision(), *extra)
+    assert rc == 0 and "outcome=dry-run" in out
+    assert fake.log == []
+    pr_dir = run.tmp / "pr"
+    plan = json.loads((pr_dir / "pr.json").read_text())
+    assert plan["outcome"] == "dry-run" and plan["branch"] == BRANCH
+    assert plan["labels"] == ["nsa-thresholds", "profile:sm90"]
+    assert plan["title"].startswith("NSA thresholds for NVIDIA H100 80GB HBM3 (sm90): win -1 -> 4096")
+    assert (pr_dir / "pr_body.md").read_text() == run.report
+    diff = (pr_dir / "config.diff").read_text()
+    assert "-    fa2_min_len_win: -1\n+    fa2_min_len_win: 4096\n" in diff
+    assert run.outputs() == ["outcome=dry-run", "pr_url="]
+
+
+def test_gh_token_and_dotted_config_path(run: Runner, fake: FakeGitHub) -> None:
+    run.env["GH_TOKEN"] = run.env.pop("GITHUB_TOKEN")
+    rc, out, _ = run(decision(), "--config", "./configs/base.yaml")
+    assert rc == 0 and "outcome=created" in out
+    assert len(config_diff(fake, BRANCH)) == 1
+
+
+def test_long_report_is_truncated_in_the_pr(run: Runner, fake: FakeGitHub) -> None:
+    run.report = "# Report\n" + "| a | b |\n" * 10000
+    assert run(decision())[0] == 0
+    (pr,) = fake.open_pulls()
+    assert len(pr.body) <= 65536 and "Report truncated" in pr.body
+    assert fake.files_at(BRANCH)["reports/sm90/report.md"].decode() == run.report

@@ -1,0 +1,128 @@
+"""Tests of the PR plan (title, labels, body limit, committed paths) and the ``pr`` command's input checks."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ci.pr_cmd import EXIT_INPUT, run_pr
+from ci.pr_plan import BODY_LIMIT, PlanError, ReportFile, build_plan, link_images, load_report, truncate_body
+from tests.ci.test_github import decision
+
+
+def test_plan_fields() -> None:
+    files = (ReportFile("reports/sm90/report.md", b"# r\n"),)
+    plan = build_plan(decision(win=(-1, 4096), cmp=(8192, -1)), "# r\n", files)
+    assert plan.branch == "nsa-thresholds/sm90"
+    assert plan.title == "NSA thresholds for NVIDIA H100 80GB HBM3 (sm90): win -1 -> 4096, cmp 8192 -> -1"
+    assert plan.labels == ("nsa-thresholds", "profile:sm90")
+    assert plan.changes == {"fa2_min_len_win": 4096, "fa2_min_len_cmp": -1}
+    assert "profiles.sm90.fa2_min_len_win (win): -1 -> 4096" in plan.commit_message
+    assert plan.commit_message.startswith(plan.title + "\n\n")
+
+
+def test_unchanged_branch_is_not_a_change() -> None:
+    plan = build_plan(decision(win=(-1, -1), cmp=(2048, 2048)), "", ())
+    assert plan.changes == {}
+    assert plan.title.endswith("win -1 (unchanged), cmp 2048 (unchanged)")
+
+
+def test_truncate_body_fits_the_limit_with_a_note() -> None:
+    text = "".join(f"| row {i} | {'x' * 60} |\n" for i in range(2000))
+    assert len(text) > BODY_LIMIT
+    body = truncate_body(text, "reports/sm90/report.md")
+    assert len(body) <= BODY_LIMIT
+    assert body.endswith("committed as `reports/sm90/report.md` on this PR's branch.*\n")
+    assert text.startswith(body.split("\n\n---\n")[0])
+    assert truncate_body("short", "x") == "short"
+
+
+def test_long_report_body_is_truncated_in_the_plan() -> None:
+    plan = build_plan(decision(), "y" * (BODY_LIMIT + 10), ())
+    assert len(plan.body()) <= BODY_LIMIT and "truncated" in plan.body()
+
+
+def test_link_images_rewrites_only_committed_plots() -> None:
+    files = (ReportFile("reports/sm90/speedup_win.png", b""), ReportFile("reports/sm90/report.md", b""))
+    text = (
+        "![win](speedup_win.png) ![cmp](./speedup_win.png) ![ext](https://x/y.png) ![other](other.png)\n"
+        '<img src="speedup_win.png" width="400">\n'
+    )
+    out = link_images(text, files, "https://h/o/r/raw/abc/reports/sm90/")
+    assert out.count("(https://h/o/r/raw/abc/reports/sm90/speedup_win.png)") == 2
+    assert "![ext](https://x/y.png)" in out and "![other](other.png)" in out
+    assert 'src="https://h/o/r/raw/abc/reports/sm90/speedup_win.png" width="400"' in out
+
+
+def test_load_report_collects_report_and_plots(tmp_path: Path) -> None:
+    (tmp_path / "report.md").write_text("# r\n")
+    (tmp_path / "b.png").write_bytes(b"\x89PNG b")
+    (tmp_path / "a.png").write_bytes(b"\x89PNG a")
+    (tmp_path / "summary.md").write_text("not committed")
+    text, files = load_report(tmp_path, "sm89")
+    assert text == "# r\n"
+    assert [f.path for f in files] == ["reports/sm89/report.md", "reports/sm89/a.png", "reports/sm89/b.png"]
+    with pytest.raises(PlanError, match=r"--report-dir must contain report\.md.*python -m ci report"):
+        load_report(tmp_path / "missing", "sm89")
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"profile": "cpu"}, r"decision\.profile must be a GPU profile such as 'sm90', got 'cpu'"),
+        ({"profile": None}, r"decision\.profile must be a GPU profile"),
+        ({"gpu_name": ""}, r"decision\.gpu_name must be a non-empty string"),
+        ({"branches": {}}, r"decision\.branches must be a non-empty mapping"),
+        (
+            {"branches": {"win": {"key": "k", "current": "-1", "proposed": 1, "changed": True}}},
+            r"decision\.branches\.win must have key \(str\), current and proposed \(int\)",
+        ),
+    ],
+)
+def test_bad_decisions(change: dict[str, Any], match: str) -> None:
+    with pytest.raises(PlanError, match=match):
+        build_plan({**decision(), **change}, "", ())
+
+
+def _run(tmp_path: Path, doc: Any, *extra: str) -> tuple[int, str]:
+    (tmp_path / "decision.json").write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    (tmp_path / "report").mkdir(exist_ok=True)
+    (tmp_path / "report" / "report.md").write_text("# r\n")
+    err = io.StringIO()
+    rc = run_pr(
+        [
+            "--decision",
+            str(tmp_path / "decision.json"),
+            "--report-dir",
+            str(tmp_path / "report"),
+            "--out-dir",
+            str(tmp_path / "pr"),
+            *extra,
+        ],
+        env={},
+        out=io.StringIO(),
+        err=err,
+    )
+    return rc, err.getvalue()
+
+
+def test_cli_input_errors_exit_2(tmp_path: Path) -> None:
+    rc, err = _run(tmp_path, "{not json")
+    assert rc == EXIT_INPUT and "--decision must be a readable JSON file" in err
+    rc, err = _run(tmp_path, {**decision(), "profile": "cpu"})
+    assert rc == EXIT_INPUT and "decision.profile must be a GPU profile" in err
+    rc, err = _run(tmp_path, decision(), "--config", str(tmp_path / "nope.yaml"))
+    assert rc == EXIT_INPUT and "--config must be a readable file" in err
+    assert not (tmp_path / "pr").exists()
+
+
+def test_pr_is_a_registered_subcommand() -> None:
+    from ci.__main__ import build_parser
+
+    args = build_parser().parse_args(["pr", "--decision", "d.json", "--dry-run"])
+    assert args.report_dir == "out/report" and args.out_dir == "out/pr" and args.config == "configs/base.yaml"
+    assert args.dry_run and args.base is None

@@ -1,0 +1,150 @@
+"""ci.report, ci.plots, ci.compare: golden report, strict templates, plots, comparison.
+
+Regenerate the golden files after an intended change of the report with
+`UPDATE_GOLDEN=1 python -m pytest tests/ci/test_report.py`, then read the diff before committing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+
+from ci import compare, decide, report
+from tests.ci import fixtures as fx
+
+GOLDEN = Path(__file__).parent / "golden"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def golden_decision() -> dict[str, Any]:
+    conf = decide.DecideConfig.from_mapping(fx.config(cmp=2048))
+    return decide.decide([("results.json", fx.golden_document())], conf)
+
+
+def previous_results() -> dict[str, Any]:
+    """The golden run's previous run: one case 1.5x faster then (a regression now), one slower."""
+    doc = copy.deepcopy(fx.golden_document())
+    for case in doc["cases"]:
+        if case["id"] == "fa2/sliding/flash_attn/B1-T8192-Hq8-Hkv2-D64-w512-bf16":
+            case["timing"] = fx.results.timing_summary(s / 1.5 for s in case["timing"]["samples_ms"])
+        if case["id"] == "fa2/sliding/sdpa/B1-T256-Hq8-Hkv2-D64-w512-bf16":
+            case["timing"] = fx.results.timing_summary(s * 2 for s in case["timing"]["samples_ms"])
+    return doc
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text, encoding="utf-8")
+    expected = path.read_text(encoding="utf-8")
+    assert text == expected, f"{name} differs from its golden file; see this module's docstring to regenerate"
+
+
+def test_report_matches_golden() -> None:
+    text = report.render_report(golden_decision(), previous_results(), "previous.json",
+                                {"win": "speedup_win.png", "cmp": "speedup_cmp.png"})
+    check_golden("report.md", text)
+
+
+def test_summary_matches_golden_and_is_small() -> None:
+    text = report.render_summary(golden_decision())
+    check_golden("summary.md", text)
+    assert len(text.encode()) < 4096
+
+
+def test_report_leads_with_failures_and_holds_every_section() -> None:
+    text = report.render_report(golden_decision())
+    order = ["## Failed cells", "## Device and versions", "## Method", "## Noise floor",
+             "## Branch win", "## Branch cmp", "## Parity", "## Skipped cases"]
+    positions = [text.index(h) for h in order]
+    assert positions == sorted(positions)
+    assert "parity failed" in text[positions[0]:positions[1]]
+    assert "| nvml.sm_clock_mhz | 1980 |" in text and "| nvml.temperature_c | 41 |" in text
+    assert "| warmup_ms | 25 |" in text and "- dispatch: fa2_min_len_win=(value=-1, source=profiles.sm90)" in text
+    assert "| 2048 | 512 | B1 Hq8/Hkv2 D64 bf16 | flash_attn |" in text
+    assert "torch_fa2 needs torch >= 2.6" in text
+    assert "## Comparison" not in text and "FA-2 was unavailable" not in text
+
+
+def test_missing_method_renders_gracefully() -> None:
+    decision = golden_decision()
+    for run in decision["runs"]:
+        del run["method"]
+    assert "(timing method not recorded in this results file)" in report.render_report(decision)
+
+
+def test_strict_undefined_fails_on_a_missing_field() -> None:
+    decision = golden_decision()
+    del decision["gpu_name"]
+    with pytest.raises(jinja2.UndefinedError, match="gpu_name"):
+        report.render_report(decision)
+    decision = golden_decision()
+    del decision["branches"]["win"]["current_source"]
+    with pytest.raises(jinja2.UndefinedError, match="current_source"):
+        report.render_report(decision)
+
+
+def test_cpu_run_says_fa2_was_unavailable() -> None:
+    conf = decide.DecideConfig.from_mapping(fx.config())
+    decision = decide.decide([("cpu.json", fx.document(fx.sweep("sliding", {1024: 2.0}), sm="cpu"))], conf)
+    for text in (report.render_report(decision), report.render_summary(decision)):
+        assert "FA-2 was unavailable" in text and "no threshold can be proposed" in text
+        assert "sm = cpu" in text
+
+
+def test_comparison_flags_only_when_median_and_p20_both_moved() -> None:
+    old = {"a": (1.0, 0.9), "b": (1.0, 0.9), "c": (1.0, 0.9), "gone": (1.0, 1.0)}
+    new = {"a": (1.3, 1.2), "b": (1.3, 0.95), "c": (0.7, 0.6), "fresh": (1.0, 1.0)}
+    result = compare.compare(new, old, margin=1.2)
+    assert [r["id"] for r in result["regressions"]] == ["a"]  # b: the p20 barely moved
+    assert [r["id"] for r in result["improvements"]] == ["c"]
+    assert (result["matched"], result["only_new"], result["only_old"]) == (3, 1, 1)
+
+
+def test_comparison_reads_results_and_decision_files_alike() -> None:
+    decision = golden_decision()
+    from_decision, from_results = compare.timings(decision), compare.timings(fx.golden_document())
+    assert from_decision == from_results and len(from_decision) > 10
+    text = report.render_report(decision, previous_results(), "previous.json")
+    assert "fa2/sliding/flash_attn/B1-T8192-Hq8-Hkv2-D64-w512-bf16` |" in text and "**regression**" in text
+
+
+def test_write_report_writes_markdown_and_plots(tmp_path: Path) -> None:
+    decision_path = decide.write_decision(golden_decision(), tmp_path / "decision.json")
+    prev = tmp_path / "old.json"
+    prev.write_text(json.dumps(previous_results()), encoding="utf-8")
+    written = report.write_report(decision_path, tmp_path / "report", prev)
+    names = sorted(p.name for p in written)
+    assert names == ["report.md", "speedup_cmp.png", "speedup_win.png", "summary.md"]
+    for png in ("speedup_win.png", "speedup_cmp.png"):
+        data = (tmp_path / "report" / png).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+    text = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+    assert "![speedup against T, branch win](speedup_win.png)" in text
+    assert "## Comparison with the previous run" in text
+
+
+def test_no_plot_for_a_branch_without_timed_cells(tmp_path: Path) -> None:
+    conf = decide.DecideConfig.from_mapping(fx.config())
+    decision = decide.decide([("r.json", fx.document(fx.sweep("sliding", {1024: 2.0})))], conf)
+    path = decide.write_decision(decision, tmp_path / "d.json")
+    names = sorted(p.name for p in report.write_report(path, tmp_path / "out"))
+    assert names == ["report.md", "speedup_win.png", "summary.md"]
+    assert "branch cmp](" not in (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+
+
+def test_bad_decision_files_are_explained(tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"schema": "something/else"}), encoding="utf-8")
+    with pytest.raises(report.ReportError, match="must have schema 'nsa-decision/1'"):
+        report.load_decision(wrong)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"schema": decide.SCHEMA, "branches": {}}), encoding="utf-8")
+    with pytest.raises(report.ReportError, match="lacks a field the report needs"):
+        report.write_report(broken, tmp_path / "out")
