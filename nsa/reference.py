@@ -15,15 +15,19 @@ from torch import Tensor
 from nsa.config import NSAConfig
 
 
-def _attend(q: Tensor, keys: list[Tensor], values: list[Tensor], scale: float, dv: int) -> Tensor:
-    """Softmax attention of one query over an explicit list of keys; no keys -> zeros."""
-    if not keys:
-        return torch.zeros(dv, dtype=torch.float64)
-    k = torch.stack(keys)
-    v = torch.stack(values)
-    logits = (k @ q) * scale
-    w = torch.exp(logits - logits.max())
-    return (w / w.sum()) @ v
+def _attend_heads(q: Tensor, k: Tensor, v: Tensor, key_pos: list[int], group: int, scale: float) -> Tensor:
+    """Query `q [Hq, dk]` of one token over the raw positions `key_pos` of `k/v [Tk, Hkv, D]`.
+
+    Query head h reads KV head h // group. No keys -> zeros."""
+    hq = q.shape[0]
+    if not key_pos:
+        return torch.zeros(hq, v.shape[-1], dtype=torch.float64)
+    heads = torch.arange(hq) // group
+    kk = k[key_pos][:, heads]                                   # [n, Hq, dk]
+    vv = v[key_pos][:, heads]                                   # [n, Hq, dv]
+    logits = torch.einsum("hd,nhd->hn", q, kk) * scale
+    w = torch.exp(logits - logits.max(dim=1, keepdim=True).values)
+    return torch.einsum("hn,nhd->hd", w / w.sum(dim=1, keepdim=True), vv)
 
 
 def _d(x: Tensor) -> Tensor:
@@ -54,10 +58,7 @@ def compressed_attention(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int,
         for ti in range(tq):
             t = q_start + ti
             visible = [i for i in range(kc.shape[1]) if i * stride + block - 1 <= t]
-            for h in range(hq):
-                g = h // group
-                out[b, ti, h] = _attend(q[b, ti, h], [kc[b, i, g] for i in visible],
-                                        [vc[b, i, g] for i in visible], scale, vc.shape[-1])
+            out[b, ti] = _attend_heads(q[b, ti], kc[b], vc[b], visible, group, scale)
     return out
 
 
@@ -108,12 +109,12 @@ def selected_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, *
     for b in range(b_):
         for ti in range(tq):
             t = q_start + ti
-            for h in range(hq):
-                g = h // group
+            for g in range(k.shape[2]):
                 blocks = {int(j) for j in block_indices[b, ti, g] if int(j) >= 0}
                 keys = [s for s in range(k.shape[1]) if s <= t and s // sel_block in blocks]
-                out[b, ti, h] = _attend(q[b, ti, h], [k[b, s, g] for s in keys],
-                                        [v[b, s, g] for s in keys], scale, v.shape[-1])
+                heads = slice(g * group, (g + 1) * group)
+                out[b, ti, heads] = _attend_heads(q[b, ti, heads], k[b, :, g:g + 1], v[b, :, g:g + 1], keys,
+                                                  group, scale)
     return out
 
 
@@ -128,10 +129,7 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, *, window: int, sc
         for ti in range(tq):
             t = q_start + ti
             keys = [s for s in range(max(0, t - window + 1), t + 1) if s < k.shape[1]]
-            for h in range(hq):
-                g = h // group
-                out[b, ti, h] = _attend(q[b, ti, h], [k[b, s, g] for s in keys],
-                                        [v[b, s, g] for s in keys], scale, v.shape[-1])
+            out[b, ti] = _attend_heads(q[b, ti], k[b], v[b], keys, group, scale)
     return out
 
 

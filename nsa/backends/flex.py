@@ -27,34 +27,54 @@ def unavailable_reason(device: torch.device | str | None = None) -> str | None:
 def unsupported_reason(call: AttnCall) -> str | None:
     if call.q.device.type == "cuda" and call.q.dtype == torch.float64:
         return "FlexAttention's compiled kernel does not support fp64"
-    if call.q.device.type == "cuda" and (call.q.shape[-1] < 16 or call.v.shape[-1] < 16):
-        return f"FlexAttention's compiled kernel needs head dims >= 16, got {call.q.shape[-1]}/{call.v.shape[-1]}"
+    dk, dv = call.q.shape[-1], call.v.shape[-1]
+    if call.q.device.type == "cuda" and min(dk, dv) < 16:
+        return f"FlexAttention's compiled kernel needs head dims >= 16, got {dk}/{dv}"
+    if call.q.device.type == "cuda" and max(dk, dv) > 128:
+        # Seen in this repo's parity suite (H200, torch 2.11): head dim 192 failed in the compiled kernel.
+        return f"FlexAttention's compiled kernel is limited to head dims <= 128 here, got {dk}/{dv}"
     return None
 
 
 @functools.cache
 def _compiled():
     from torch.nn.attention.flex_attention import flex_attention
+    # One compiled kernel per shape (dynamic=False is FlexAttention's fast path); dynamo's default
+    # limit of 8 recompiles would silently drop later shapes of a sweep to the unfused eager path.
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(256, getattr(torch._dynamo.config, name)))
     return torch.compile(flex_attention, dynamic=False)
 
 
-def _attend(call: AttnCall, mask_mod, b: int | None, h: int | None) -> Tensor:
+@functools.lru_cache(maxsize=32)
+def _static_block_mask(kind: str, q0: int, k0: int, a: int, b: int, tq: int, tk: int, device: str):
+    """Block masks of the data-independent branches, built once per shape (as a model would)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    if kind == "sliding":
+        def mask_mod(bi, h, qi, ki):
+            diff = (qi + q0) - (ki + k0)
+            return (diff >= 0) & (diff < a)
+    else:
+        def mask_mod(bi, h, qi, ki):
+            return ki * b + a - 1 <= qi + q0
+    return create_block_mask(mask_mod, None, None, tq, tk, device=device)
+
+
+def _attend(call: AttnCall, mask_mod, b: int | None, h: int | None, block_mask=None) -> Tensor:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     q, k, v = (x.transpose(1, 2) for x in (call.q, call.k, call.v))
-    block_mask = create_block_mask(mask_mod, b, h, q.shape[2], k.shape[2], device=q.device)
+    if block_mask is None:
+        block_mask = create_block_mask(mask_mod, b, h, q.shape[2], k.shape[2], device=q.device)
     fn = _compiled() if q.device.type == "cuda" else flex_attention
     out = fn(q, k, v, block_mask=block_mask, scale=call.scale, enable_gqa=q.shape[1] != k.shape[1])
     return out.transpose(1, 2)
 
 
 def sliding(call: AttnCall) -> Tensor:
-    q0, k0, w = call.q_start, call.k_start, call.window
-
-    def mask_mod(b, h, qi, ki):
-        diff = (qi + q0) - (ki + k0)
-        return (diff >= 0) & (diff < w)
-
-    return _attend(call, mask_mod, None, None)
+    bm = _static_block_mask("sliding", call.q_start, call.k_start, call.window, 0, call.q.shape[1],
+                            call.k.shape[1], str(call.q.device))
+    return _attend(call, None, None, None, bm)
 
 
 def compressed(call: AttnCall) -> Tensor:
@@ -62,10 +82,8 @@ def compressed(call: AttnCall) -> Tensor:
     if call.k.shape[1] == 0:
         return call.q.new_zeros(*call.q.shape[:3], call.v.shape[-1])
 
-    def mask_mod(b, h, qi, ki):
-        return ki * d + l - 1 <= qi + q0
-
-    out = _attend(call, mask_mod, None, None)
+    bm = _static_block_mask("compressed", q0, 0, l, d, call.q.shape[1], call.k.shape[1], str(call.q.device))
+    out = _attend(call, None, None, None, bm)
     empty = cmp_visible_count(positions(q0, call.q.shape[1], call.q.device), l, d) == 0
     return out.masked_fill(empty[None, :, None, None], 0.0)
 
