@@ -5,36 +5,61 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # CPU CI pins the CPU build of torch; a GPU runner sets TORCH_SPEC to its own build (or "" to keep it).
 TORCH_SPEC ?= torch==2.13.0
+# Index for TORCH_SPEC alone (GitHub-hosted CI: the CPU wheel index); empty: pip's configured indexes.
+TORCH_INDEX ?=
+# Extra `python -m venv` arguments; a GPU runner passes --system-site-packages to see its CUDA torch.
+VENV_ARGS ?=
 PYTEST_ARGS ?=
+PIPELINE_ARGS ?=
+GPU_WORKFLOW := .github/workflows/gpu-bench.yml
 
-.PHONY: setup test test-gpu lint pipeline gpu-bench clean
+.PHONY: setup ci-env test test-gpu test-gpu-smoke test-fa2-parity lint pipeline gpu-bench clean
 
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)")
+	$(if $(TORCH_SPEC),$(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)")
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
 setup: $(VENV)/.installed
 
+## ci-env: GitHub Actions only: setup, then put the venv first on PATH for the job's later steps
+ci-env: setup
+	@test -n "$$GITHUB_PATH" || { echo "ci-env: GITHUB_PATH is unset; this target is for workflow steps (elsewhere: . $(VENV)/bin/activate)" >&2; exit 2; }
+	echo "$(abspath $(VENV))/bin" >> "$$GITHUB_PATH"
+
 ## test: the CPU suite (the README's test command; .ci/run calls it)
 test: setup
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
-## lint: ruff over the code, actionlint and zizmor over the workflows
+## lint: ruff over the code, actionlint and zizmor over the workflows (offline: no GitHub API calls)
 lint: setup
 	$(PY) -m ruff check nsa bench ci tests
 	$(VENV)/bin/actionlint
-	$(VENV)/bin/zizmor --offline --min-severity medium .github/workflows
+	$(VENV)/bin/zizmor --offline --no-progress .github/workflows
 
-## test-gpu: the GPU smoke and FA-2 parity suites (needs CUDA)
-test-gpu:
-	NSA_TEST_FA2=1 $(PYTHON) -m pytest -m gpu -x -q $(PYTEST_ARGS)
+## test-gpu-smoke: the GPU-marked tests other than FA-2 parity (skip with a reason without CUDA)
+test-gpu-smoke: setup
+	$(PY) -m pytest -m gpu -k "not fa2_parity" -q $(PYTEST_ARGS)
+
+## test-fa2-parity: the FA-2 parity suite against the fp64 oracle (skips with a reason without CUDA)
+test-fa2-parity: setup
+	NSA_TEST_FA2=1 $(PY) -m pytest -k fa2_parity -q -n 4 $(PYTEST_ARGS)
+
+## test-gpu: both GPU suites
+test-gpu: test-gpu-smoke test-fa2-parity
 
 ## pipeline: the main job: sweep what this machine can run, decide, report, PR (dry run without a token)
 pipeline: setup
-	$(PY) -m ci pipeline
+	$(PY) -m ci pipeline $(PIPELINE_ARGS)
+
+## gpu-bench: the GPU workflow's jobs on this machine (needs CUDA): gpu, then decide (PR dry run: no token)
+gpu-bench: TORCH_SPEC =
+gpu-bench: VENV_ARGS = --system-site-packages
+gpu-bench: setup
+	$(PY) -m ci workflow-steps $(GPU_WORKFLOW) --job gpu
+	$(PY) -m ci workflow-steps $(GPU_WORKFLOW) --job decide
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

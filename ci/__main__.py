@@ -1,8 +1,9 @@
 """`python -m ci <subcommand>`: the CPU stages of the benchmark pipeline.
 
 Subcommands are registered as `Subcommand` records (name, help, arguments, run function), so a
-new stage is one `register(...)` call. Exit codes: 0 ok, 2 bad input (with a message saying how
-to fix it), 3 parity failure (`decide` still writes its file).
+new stage is one `register(...)` call. Exit codes: 0 ok, 1 a stage could not finish (GitHub, the
+sweep), 2 bad input (with a message saying how to fix it), 3 parity failure (`decide` still
+writes its file). `pipeline` runs the stages in order; `workflow-steps` runs a workflow job here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.results import ResultsError
-from ci import decide, pr_cmd, report
+from ci import decide, pipeline, pr_cmd, report, workflow_steps
 
 EXIT_BAD_INPUT = decide.EXIT_BAD_INPUT
 
@@ -43,8 +44,9 @@ def _decide_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="configs/base.yaml",
                    help="config with nsa grid, decide.margin/confidence and current thresholds "
                         "(default: %(default)s)")
-    p.add_argument("--margin", type=float, default=None,
-                   help="speedup the CI lower bound must clear to adopt FA-2 (default: decide.margin)")
+    p.add_argument("--margin", type=decide.parse_margin, default=None,
+                   help="speedup the CI lower bound must clear to adopt FA-2; empty or absent: the "
+                        "config's decide.margin")
     p.add_argument("--out", default="out/decision.json", help="decision file to write (default: %(default)s)")
 
 
@@ -65,11 +67,21 @@ def _report_args(p: argparse.ArgumentParser) -> None:
                    help="previous run (results or decision file) to compare case timings with")
     p.add_argument("--out-dir", default="out/report",
                    help="folder for report.md, summary.md and speedup_<branch>.png (default: %(default)s)")
+    p.add_argument("--summary-to", default=None, metavar="FILE",
+                   help='also append summary.md to FILE, e.g. "$GITHUB_STEP_SUMMARY" in Actions '
+                        "(empty: skip, as when that variable is unset)")
 
 
 def _report_run(args: argparse.Namespace) -> int:
-    for path in report.write_report(args.decision, args.out_dir, args.previous):
+    written = report.write_report(args.decision, args.out_dir, args.previous)
+    for path in written:
         print(path)
+    if args.summary_to is not None:
+        summary = next(p for p in written if p.name == "summary.md")
+        if report.append_summary(summary, args.summary_to):
+            print(f"appended {summary} to {args.summary_to}")
+        else:
+            print("--summary-to is empty: summary not appended", file=sys.stderr)
     return 0
 
 
@@ -85,13 +97,19 @@ register(Subcommand(
     "$GITHUB_STEP_SUMMARY and one speedup-vs-length PNG per branch. Exit 0 ok, 2 bad input.",
     _report_args, _report_run))
 register(Subcommand("pr", pr_cmd.HELP, pr_cmd.DESCRIPTION, pr_cmd.add_arguments, pr_cmd.run))
+register(Subcommand("pipeline", pipeline.HELP, pipeline.__doc__ or "", pipeline.add_arguments,
+                    lambda args: pipeline.run(args, stage=main)))
+register(Subcommand("workflow-steps", workflow_steps.HELP, workflow_steps.__doc__ or "",
+                    workflow_steps.add_arguments, workflow_steps.run))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ci", description=__doc__.splitlines()[0])
     subs = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for sub in SUBCOMMANDS.values():
-        p = subs.add_parser(sub.name, help=sub.help, description=sub.description)
+        # A description with its own line breaks (a module docstring) keeps them; one paragraph reflows.
+        formatter = argparse.RawDescriptionHelpFormatter if "\n" in sub.description else argparse.HelpFormatter
+        p = subs.add_parser(sub.name, help=sub.help, description=sub.description, formatter_class=formatter)
         sub.add_arguments(p)
         p.set_defaults(run=sub.run)
     return parser

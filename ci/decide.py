@@ -11,6 +11,7 @@ Everything here is pure except `load_config`, `decide_files` and `write_decision
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -95,6 +96,22 @@ class DecideConfig:
             return (f"l={params.get('block')}, d={params.get('stride')} is not nsa.cmp_block/cmp_stride "
                     f"{self.cmp_block}/{self.cmp_stride}")
         return ""
+
+
+def parse_margin(text: str) -> float | None:
+    """A `--margin` value: a number, or empty for the config's decide.margin.
+
+    Empty is what an unset workflow input expands to (a scheduled run has no inputs), so the
+    workflow can always pass `--margin "$MARGIN"`.
+    """
+    if not text.strip():
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--margin must be a number such as 1.2, or empty for the config's decide.margin; got {text!r}"
+        ) from None
 
 
 def load_config(path: str | os.PathLike[str], margin: float | None = None) -> DecideConfig:

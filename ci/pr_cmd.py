@@ -25,6 +25,8 @@ __all__ = ["add_arguments", "main", "register", "run", "run_pr"]
 
 EXIT_OK, EXIT_GITHUB, EXIT_INPUT = 0, 1, 2
 DEFAULT_CONFIG = "configs/base.yaml"
+DRY_RUN_ENV = "NSA_PR_DRY_RUN"
+_TRUE, _FALSE = ("1", "true", "yes"), ("", "0", "false", "no")
 Connect = Callable[["Target"], Any]
 
 HELP = "open, update or close the threshold PR"
@@ -36,8 +38,9 @@ commit changes only the threshold keys of configs/base.yaml plus reports/<profil
 created, updated, closed or none; it is printed and written to $GITHUB_OUTPUT (outcome=, pr_url=).
 
 Environment: GITHUB_REPOSITORY (owner/name), GITHUB_TOKEN or GH_TOKEN, GITHUB_API_URL (default
-https://api.github.com; GitHub Enterprise: https://HOST/api/v3). Without a token, or with
---dry-run, nothing is sent: pr_body.md, config.diff and pr.json are written to --out-dir.
+https://api.github.com; GitHub Enterprise: https://HOST/api/v3), NSA_PR_DRY_RUN (true: as
+--dry-run; how the GPU workflow passes its dry_run input). Without a token, with --dry-run or with
+NSA_PR_DRY_RUN=true, nothing is sent: pr_body.md, config.diff and pr.json are written to --out-dir.
 """
 
 
@@ -88,6 +91,17 @@ def _write_outputs(out_dir: Path, plan: PrPlan, body: str, diff: str, info: Mapp
         **info,
     }
     (out_dir / "pr.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def _env_dry_run(env: Mapping[str, str]) -> bool:
+    """NSA_PR_DRY_RUN: how a workflow's boolean input asks for a dry run (empty when unset, as on a schedule)."""
+    value = env.get(DRY_RUN_ENV, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise PlanError(f"{DRY_RUN_ENV} must be true or false (or empty), got {env[DRY_RUN_ENV]!r}; "
+                    "pass the workflow's boolean input as is")
 
 
 def _github_output(env: Mapping[str, str], outcome: str, url: str) -> None:
@@ -157,10 +171,10 @@ def run(
     out, err = out or sys.stdout, err or sys.stderr
     try:
         plan = _load_plan(args)
-        target = None if args.dry_run else target_from_env(env)
+        why = "--dry-run" if args.dry_run else f"{DRY_RUN_ENV}={env[DRY_RUN_ENV]}" if _env_dry_run(env) else ""
+        target = None if why else target_from_env(env)
         if target is None:
-            why = "--dry-run" if args.dry_run else "no GITHUB_TOKEN or GH_TOKEN"
-            return _dry_run(args, plan, why, env, out)
+            return _dry_run(args, plan, why or "no GITHUB_TOKEN or GH_TOKEN", env, out)
         gh = (connector or connect)(target)
         result = publish(
             gh,

@@ -230,3 +230,17 @@ def write_report(decision_path: str | os.PathLike[str], out_dir: str | os.PathLi
         (out / name).write_text(text, encoding="utf-8")
         written.append(out / name)
     return written
+
+
+def append_summary(summary_path: str | os.PathLike[str], target: str | os.PathLike[str]) -> bool:
+    """Append summary.md to `target` ($GITHUB_STEP_SUMMARY); False, writing nothing, when `target` is ""."""
+    if not str(target):
+        return False
+    text = Path(summary_path).read_text(encoding="utf-8")
+    try:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write(text if text.endswith("\n") else text + "\n")
+    except OSError as exc:
+        raise ReportError(f"cannot append the summary to {target}: {exc.strerror}; --summary-to must be a "
+                          'writable file, e.g. "$GITHUB_STEP_SUMMARY"') from None
+    return True

@@ -78,13 +78,13 @@ def sliding(call: AttnCall) -> Tensor:
 
 
 def compressed(call: AttnCall) -> Tensor:
-    q0, l, d = call.q_start, call.block, call.stride
+    q0, block, stride = call.q_start, call.block, call.stride
     if call.k.shape[1] == 0:
         return call.q.new_zeros(*call.q.shape[:3], call.v.shape[-1])
 
-    bm = _static_block_mask("compressed", q0, 0, l, d, call.q.shape[1], call.k.shape[1], str(call.q.device))
+    bm = _static_block_mask("compressed", q0, 0, block, stride, call.q.shape[1], call.k.shape[1], str(call.q.device))
     out = _attend(call, None, None, None, bm)
-    empty = cmp_visible_count(positions(q0, call.q.shape[1], call.q.device), l, d) == 0
+    empty = cmp_visible_count(positions(q0, call.q.shape[1], call.q.device), block, stride) == 0
     return out.masked_fill(empty[None, :, None, None], 0.0)
 
 

@@ -91,3 +91,32 @@ def test_ci_never_imports_torch() -> None:
     code = ("import sys, ci.__main__, ci.report, ci.plots, ci.decide; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_empty_margin_means_the_configs(tmp_path: Path) -> None:
+    """An unset workflow input expands to "": decide then uses decide.margin from the config."""
+    res = write_results(tmp_path, fx.sweep("sliding", {4096: 1.5}))
+    out = tmp_path / "d.json"
+    assert main(["decide", "--results", str(res), "--config", str(CONFIG), "--margin", "", "--out", str(out)]) == 0
+    assert json.loads(out.read_text(encoding="utf-8"))["margin"] == 1.2
+    with pytest.raises(SystemExit) as exc:
+        main(["decide", "--results", str(res), "--margin", "fast"])
+    assert exc.value.code == 2
+
+
+def test_report_appends_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    res = write_results(tmp_path, fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
+    decision = tmp_path / "decision.json"
+    assert main(["decide", "--results", str(res), "--config", str(CONFIG), "--out", str(decision)]) == 0
+    step_summary = tmp_path / "step_summary.md"
+    step_summary.write_text("# earlier step\n", encoding="utf-8")
+    args = ["report", "--decision", str(decision), "--out-dir", str(tmp_path / "rep")]
+    assert main([*args, "--summary-to", str(step_summary)]) == 0
+    summary = (tmp_path / "rep" / "summary.md").read_text(encoding="utf-8")
+    assert step_summary.read_text(encoding="utf-8") == "# earlier step\n" + summary
+    assert f"appended {tmp_path / 'rep' / 'summary.md'} to {step_summary}" in capsys.readouterr().out
+    assert main([*args, "--summary-to", ""]) == 0  # "$GITHUB_STEP_SUMMARY" outside Actions
+    assert "summary not appended" in capsys.readouterr().err
+    assert step_summary.read_text(encoding="utf-8") == "# earlier step\n" + summary
+    assert main([*args, "--summary-to", str(tmp_path / "no" / "such" / "dir" / "f.md")]) == 2
+    assert "cannot append the summary to" in capsys.readouterr().err

@@ -328,7 +328,7 @@ def test_missing_profile_on_base_is_an_input_error(run: Runner, fake: FakeGitHub
     assert fake.writes() == []
 
 
-@pytest.mark.parametrize("mode", ["no-token", "flag"])
+@pytest.mark.parametrize("mode", ["no-token", "flag", "env"])
 def test_dry_run_sends_nothing(
     run: Runner, fake: FakeGitHub, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -336,6 +336,8 @@ def test_dry_run_sends_nothing(
     extra: tuple[str, ...] = ()
     if mode == "no-token":
         del run.env["GITHUB_TOKEN"]
+    elif mode == "env":  # the GPU workflow's dry_run input
+        run.env["NSA_PR_DRY_RUN"] = "true"
     else:
         extra = ("--dry-run",)
     rc, out, _ = run(decision(), *extra)
@@ -350,6 +352,20 @@ def test_dry_run_sends_nothing(
     diff = (pr_dir / "config.diff").read_text()
     assert "-    fa2_min_len_win: -1\n+    fa2_min_len_win: 4096\n" in diff
     assert run.outputs() == ["outcome=dry-run", "pr_url="]
+
+
+@pytest.mark.parametrize("value", ["false", ""])
+def test_dry_run_env_false_or_empty_sends(run: Runner, fake: FakeGitHub, value: str) -> None:
+    run.env["NSA_PR_DRY_RUN"] = value  # empty: a scheduled run, which has no inputs
+    rc, out, _ = run(decision())
+    assert rc == 0 and "outcome=created" in out
+
+
+def test_dry_run_env_must_be_a_boolean(run: Runner, fake: FakeGitHub) -> None:
+    run.env["NSA_PR_DRY_RUN"] = "maybe"
+    rc, _, err = run(decision())
+    assert rc == 2 and "NSA_PR_DRY_RUN must be true or false" in err
+    assert fake.log == []
 
 
 def test_gh_token_and_dotted_config_path(run: Runner, fake: FakeGitHub) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from nsa import dispatch, ops
 from nsa.backends import AttnCall

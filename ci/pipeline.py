@@ -1,0 +1,203 @@
+"""`python -m ci pipeline`: the project's main job, sweep -> decide -> report -> PR, on any machine.
+
+Stages, each a file under --out-dir (default out/):
+  sweep   `python -m bench run` in a subprocess (ci never imports torch) -> results.json.
+          `--size auto` asks a subprocess whether torch sees a GPU: CUDA -> nightly, CPU -> smoke
+          (FA-2 needs CUDA, so a CPU run records it as unavailable and the report says so).
+          Skipped with --results, which decides on existing results files instead.
+  decide  -> decision.json (exit 3 on parity failures; the report still runs, the PR does not).
+  report  -> report/ (report.md, summary.md, speedup plots).
+  pr      -> pr/ (pr_body.md, config.diff, pr.json). A dry run unless GITHUB_TOKEN or GH_TOKEN is set
+          and --dry-run is not given. Skipped for a CPU machine's results: thresholds belong to a
+          GPU profile.
+Exit code: that of the first stage that failed (sweep 1/2, decide 2/3, report 2, pr 1/2), else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ci.decide import parse_margin
+
+HELP = "the main job: sweep this machine, decide, report, threshold PR (dry run without a token)"
+DEFAULT_SUITES = "fa2,calibration"  # FA-2 against masked SDPA, plus the A/A runs that set the noise floor
+SIZES = ("auto", "smoke", "nightly", "full")
+SIZE_FOR_DEVICE = {"cpu": "smoke", "cuda": "nightly"}
+PROBE = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"
+EXIT_FAILED = 1
+
+Stage = Callable[[list[str]], int]  # `python -m ci <argv>` in this process; returns its exit code
+Probe = Callable[[], str]  # "cuda" or "cpu"
+
+
+@dataclass
+class StageResult:
+    name: str
+    status: str  # ok, failed, skipped
+    rc: int = 0
+    seconds: float | None = None
+    detail: str = ""
+
+
+class StageFailed(Exception):
+    def __init__(self, message: str, rc: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.rc = rc
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suites", default=DEFAULT_SUITES, help="bench suites to sweep (default: %(default)s)")
+    p.add_argument("--size", choices=SIZES, default="auto",
+                   help="sweep size; auto: nightly when torch sees a GPU, smoke otherwise (default: %(default)s)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="device for the sweep (default: %(default)s, as `python -m bench run`)")
+    p.add_argument("--bench-args", default="",
+                   help="more `python -m bench run` arguments in one string, e.g. --bench-args=\"--gpus 2 --rep 50\"")
+    p.add_argument("--results", nargs="+", metavar="RESULTS.json",
+                   help="skip the sweep and decide on these results files (shards of one run)")
+    p.add_argument("--config", default="configs/base.yaml", help="config to decide against (default: %(default)s)")
+    p.add_argument("--margin", type=parse_margin, default=None,
+                   help="speedup the interval's lower bound must clear (default: the config's decide.margin)")
+    p.add_argument("--previous", default=None, help="previous results or decision file for the report")
+    p.add_argument("--out-dir", default="out", help="folder for every stage's files (default: %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="never send the PR, even with a token")
+
+
+def probe_device() -> str:
+    """"cuda" when torch in a subprocess sees a GPU, else "cpu" (ci itself never imports torch)."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise StageFailed(f"cannot tell whether a GPU is visible ({exc}); pass --size and --device") from None
+    answer = proc.stdout.strip().splitlines()[-1:] or [""]
+    if proc.returncode != 0 or answer[0] not in SIZE_FOR_DEVICE:
+        why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise StageFailed(f"cannot tell whether a GPU is visible: `python -c \"{PROBE}\"` failed ({why}); "
+                          "install torch (make setup) or pass --size and --device")
+    return answer[0]
+
+
+def sweep_command(args: argparse.Namespace, out_file: Path, probe: Probe) -> tuple[list[str], str, str]:
+    """The `python -m bench run` command line, with the device and size it will use."""
+    device, size = args.device, args.size
+    if size == "auto":
+        if device == "auto":
+            device = probe()
+        size = SIZE_FOR_DEVICE[device]
+    cmd = [sys.executable, "-m", "bench", "run", "--suites", args.suites, "--size", size, "--device", device,
+           "--out", str(out_file), *shlex.split(args.bench_args)]
+    return cmd, device, size
+
+
+def _sweep(args: argparse.Namespace, out_file: Path, probe: Probe) -> str:
+    cmd, device, size = sweep_command(args, out_file, probe)
+    print("$ " + shlex.join(["python", *cmd[1:]]), flush=True)
+    rc = subprocess.call(cmd)
+    if rc != 0 or not out_file.is_file():
+        raise StageFailed(f"`python -m bench run` exited {rc}" + ("" if out_file.is_file() else
+                          f" without writing {out_file}"), rc or EXIT_FAILED)
+    machine = _read_json(out_file).get("machine", {})
+    return f"{out_file} ({machine.get('gpu_name', device)}, size {size}, suites {args.suites})"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _call(stage: Stage, argv: list[str]) -> int:
+    print("$ " + shlex.join(["python", "-m", "ci", *argv]), flush=True)
+    try:
+        return stage(argv)
+    except SystemExit as exc:  # argparse inside the stage: a bad value passed through
+        return exc.code if isinstance(exc.code, int) else 2
+
+
+def _timed(name: str, fn: Callable[[], tuple[int, str]]) -> StageResult:
+    print(f"\n== pipeline: {name} ==", flush=True)
+    start = time.perf_counter()
+    try:
+        rc, detail = fn()
+    except StageFailed as exc:
+        rc, detail = exc.rc, str(exc)
+        print(f"error: {exc}", file=sys.stderr)
+    seconds = time.perf_counter() - start
+    return StageResult(name, "ok" if rc == 0 else "failed", rc, seconds, detail)
+
+
+def run(args: argparse.Namespace, stage: Stage, probe: Probe = probe_device) -> int:
+    """Run every stage `args` asks for; `stage` runs one `python -m ci` subcommand in-process."""
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    decision, report_dir, pr_dir = out / "decision.json", out / "report", out / "pr"
+    done: list[StageResult] = []
+
+    if args.results:
+        files = list(args.results)
+        done.append(StageResult("sweep", "skipped", detail="--results " + " ".join(files)))
+    else:
+        files = [str(out / "results.json")]
+        done.append(_timed("sweep", lambda: (0, _sweep(args, out / "results.json", probe))))
+        if done[-1].status == "failed":
+            return _finish(done, {}, report_dir)
+
+    margin = [] if args.margin is None else ["--margin", repr(args.margin)]
+    done.append(_timed("decide", lambda: (_call(stage, ["decide", "--results", *files, "--config", args.config,
+                                                         *margin, "--out", str(decision)]), str(decision))))
+    doc = _read_json(decision)
+    if not doc:
+        return _finish(done, doc, report_dir)
+    previous = ["--previous", args.previous] if args.previous else []
+    done.append(_timed("report", lambda: (_call(stage, ["report", "--decision", str(decision), *previous,
+                                                         "--out-dir", str(report_dir)]), str(report_dir))))
+    done.append(_pr(args, stage, doc, decision, report_dir, pr_dir, done))
+    return _finish(done, doc, report_dir)
+
+
+def _pr(args: argparse.Namespace, stage: Stage, doc: dict[str, Any], decision: Path, report_dir: Path,
+        pr_dir: Path, done: list[StageResult]) -> StageResult:
+    failed = [r.name for r in done if r.status == "failed"]
+    if failed:
+        return StageResult("pr", "skipped", detail=f"{' and '.join(failed)} failed")
+    if doc.get("profile") == "cpu":
+        return StageResult("pr", "skipped", detail="results from a CPU machine: thresholds are per GPU profile")
+
+    def go() -> tuple[int, str]:
+        rc = _call(stage, ["pr", "--decision", str(decision), "--report-dir", str(report_dir),
+                           "--config", args.config, "--out-dir", str(pr_dir), *(["--dry-run"] * args.dry_run)])
+        info = _read_json(pr_dir / "pr.json")
+        return rc, f"outcome {info.get('outcome', 'unknown')}" + (f" {info['pr_url']}" if info.get("pr_url")
+                                                                   else f", files in {pr_dir}")
+    return _timed("pr", go)
+
+
+def _finish(done: Sequence[StageResult], doc: dict[str, Any], report_dir: Path) -> int:
+    print("\n== pipeline summary ==")
+    for r in done:
+        seconds = f"{r.seconds:7.1f} s" if r.seconds is not None else " " * 9
+        status = r.status if r.status != "failed" else f"FAILED (exit {r.rc})"
+        print(f"  {r.name:<7} {status:<16} {seconds}  {r.detail}")
+    if doc:
+        fa2 = doc.get("fa2", {})
+        if not fa2.get("ran", True):
+            print(f"FA-2 unavailable: {fa2.get('reason')}")
+        branches = ", ".join(f"{name} {b['current']} -> {b['proposed']}" if b.get("changed")
+                             else f"{name} {b['current']} (unchanged)" for name, b in doc.get("branches", {}).items())
+        print(f"thresholds ({doc.get('profile')}, {doc.get('gpu_name')}): {branches}")
+        if (report_dir / "report.md").is_file():
+            print(f"report: {report_dir / 'report.md'}")
+    failed = [r for r in done if r.status == "failed"]
+    print("outcome: " + (f"failed at {failed[0].name} (exit {failed[0].rc})" if failed else "ok"))
+    return failed[0].rc if failed else 0

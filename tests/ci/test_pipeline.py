@@ -1,0 +1,125 @@
+"""`python -m ci pipeline`: stages, files, the printed summary and exit codes.
+
+One test runs the real sweep subprocess on this machine's CPU (a trimmed smoke size); the others
+decide on fixture results with --results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import results
+from ci import pipeline
+from ci.__main__ import main
+from tests.ci import fixtures as fx
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = str(REPO / "configs" / "base.yaml")
+
+
+@pytest.fixture(autouse=True)
+def _no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("GITHUB_TOKEN", "GH_TOKEN", "NSA_PR_DRY_RUN", "GITHUB_OUTPUT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(REPO)  # `python -m bench` runs from the repository root
+
+
+def _results(tmp_path: Path, cases: list) -> str:
+    return str(results.dump(fx.document(cases), tmp_path / "results.json"))
+
+
+def test_fixture_results_run_every_stage_and_dry_run_the_pr(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    res = _results(tmp_path, fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
+    out = tmp_path / "out"
+    assert main(["pipeline", "--results", res, "--config", CONFIG, "--out-dir", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert json.loads((out / "decision.json").read_text())["branches"]["win"]["proposed"] == 2048
+    assert (out / "report" / "report.md").is_file() and (out / "report" / "speedup_win.png").is_file()
+    pr = json.loads((out / "pr" / "pr.json").read_text())
+    assert pr["outcome"] == "dry-run" and pr["reason"] == "no GITHUB_TOKEN or GH_TOKEN"
+    assert "  sweep   skipped" in text and f"--results {res}" in text
+    assert "thresholds (sm90, NVIDIA H100 80GB HBM3): win -1 -> 2048, cmp -1 (unchanged)" in text
+    assert f"report: {out / 'report' / 'report.md'}" in text
+    assert "outcome dry-run" in text and text.rstrip().endswith("outcome: ok")
+
+
+def test_dry_run_flag_wins_over_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GITHUB_TOKEN", "not-a-real-token")
+    res = _results(tmp_path, fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
+    out = tmp_path / "out"
+    assert main(["pipeline", "--results", res, "--config", CONFIG, "--out-dir", str(out), "--dry-run"]) == 0
+    assert json.loads((out / "pr" / "pr.json").read_text())["reason"] == "--dry-run"
+
+
+def test_parity_failure_exits_3_reports_and_skips_the_pr(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    res = _results(tmp_path, fx.pair("sliding", fx.sliding_params(4096), 3.0, candidate_parity=False))
+    out = tmp_path / "out"
+    assert main(["pipeline", "--results", res, "--config", CONFIG, "--out-dir", str(out), "--margin", "1.5"]) == 3
+    text = capsys.readouterr().out
+    assert json.loads((out / "decision.json").read_text())["margin"] == 1.5
+    assert (out / "report" / "report.md").is_file() and not (out / "pr").exists()
+    assert "  decide  FAILED (exit 3)" in text and "  pr      skipped" in text and "decide failed" in text
+    assert text.rstrip().endswith("outcome: failed at decide (exit 3)")
+
+
+def test_bad_results_exit_2_without_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert main(["pipeline", "--results", str(tmp_path / "none.json"), "--out-dir", str(out)]) == 2
+    assert not (out / "report").exists()
+    assert "cannot read results file" in capsys.readouterr().err
+
+
+def _args(**kw: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    pipeline.add_arguments(parser)
+    return parser.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in kw.items()])
+
+
+def test_size_auto_follows_the_probed_device(tmp_path: Path) -> None:
+    probed: list[str] = []
+
+    def probe(answer: str) -> pipeline.Probe:
+        return lambda: probed.append(answer) or answer
+
+    cmd, device, size = pipeline.sweep_command(_args(), tmp_path / "r.json", probe("cuda"))
+    assert (device, size) == ("cuda", "nightly")
+    assert cmd[1:] == ["-m", "bench", "run", "--suites", "fa2,calibration", "--size", "nightly",
+                       "--device", "cuda", "--out", str(tmp_path / "r.json")]
+    assert pipeline.sweep_command(_args(), tmp_path / "r.json", probe("cpu"))[1:] == ("cpu", "smoke")
+    explicit = _args(size="full", device="cuda", bench_args="--gpus 2 --rep 50")
+    cmd, device, size = pipeline.sweep_command(explicit, tmp_path / "r.json", probe("never"))
+    assert probed == ["cuda", "cpu"] and (device, size) == ("cuda", "full")
+    assert cmd[-4:] == ["--gpus", "2", "--rep", "50"]
+    assert pipeline.sweep_command(_args(device="cpu"), tmp_path / "r.json", probe("never"))[1:] == ("cpu", "smoke")
+
+
+def test_a_failed_sweep_stops_the_pipeline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    rc = main(["pipeline", "--device", "cpu", "--size", "smoke", "--bench-args=--no-such-flag",
+               "--out-dir", str(out)])
+    assert rc == 2 and not (out / "decision.json").exists()
+    text = capsys.readouterr().out
+    assert "  sweep   FAILED (exit 2)" in text and "decide" not in text.split("== pipeline summary ==")[1]
+
+
+def test_cpu_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The real sweep subprocess on this CPU: FA-2 is recorded as unavailable and the report says so."""
+    out = tmp_path / "out"
+    rc = main(["pipeline", "--device", "cpu", "--suites", "fa2", "--config", CONFIG, "--out-dir", str(out),
+               "--bench-args", "--backends sdpa,fa2 --rep 3 --warmup 1"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    doc = results.load(out / "results.json")
+    assert doc["machine"]["sm"] == "cpu" and doc["run"]["size"] == "smoke"
+    assert {c["status"] for c in doc["cases"] if c["backend"] != "sdpa"} == {"skipped"}
+    assert "FA-2 was unavailable" in (out / "report" / "report.md").read_text()
+    assert "FA-2 was unavailable" in (out / "report" / "summary.md").read_text()
+    assert "--size smoke --device cpu" in text and "FA-2 unavailable: " in text
+    assert "results from a CPU machine" in text and not (out / "pr").exists()
+    assert text.rstrip().endswith("outcome: ok")

@@ -1,0 +1,183 @@
+"""The GitHub Actions workflows: every `run:` is one call of a tested entry point, and the security
+rules of shared/spec/pipeline.md ("Workflows") hold. actionlint and zizmor run here too when they are
+installed (the dev extra installs both, so `make test` runs them)."""
+
+from __future__ import annotations
+
+import functools
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ci.__main__ import build_parser
+from ci.workflow_steps import Resolver, input_values, load, triggers
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOWS = REPO / ".github" / "workflows"
+CI, GPU = WORKFLOWS / "ci.yml", WORKFLOWS / "gpu-bench.yml"
+SHA_PIN = re.compile(r"[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}")
+ENV_REF = re.compile(r"\$\{?([A-Za-z_]\w*)\}?")
+SHELL_SYNTAX = re.compile(r"[;&|<>`\n]|\$\(")
+# Variables GitHub sets on every runner; a step may read them without declaring them in env:.
+GITHUB_DEFAULTS = {"GITHUB_STEP_SUMMARY": "/tmp/step_summary.md", "GITHUB_OUTPUT": "/tmp/output",
+                   "GITHUB_ENV": "/tmp/env", "GITHUB_PATH": "/tmp/path", "GITHUB_WORKSPACE": str(REPO)}
+
+
+def _run_steps() -> list[tuple[str, str, str, dict[str, str]]]:
+    """(workflow, job, command, resolved env) for every `run:` step of every workflow."""
+    found = []
+    for path in sorted(WORKFLOWS.glob("*.y*ml")):
+        doc = load(path)
+        resolver = Resolver(input_values(doc, {}))
+        for job_name, job in doc["jobs"].items():
+            base = {**(doc.get("env") or {}), **(job.get("env") or {})}
+            for step in job["steps"]:
+                if "run" in step:
+                    env = {k: resolver.text(v) for k, v in {**base, **(step.get("env") or {})}.items()}
+                    found.append((path.name, job_name, step["run"], env))
+    return found
+
+
+RUN_STEPS = _run_steps()
+
+
+def _makefile_targets() -> set[str]:
+    text = (REPO / "Makefile").read_text(encoding="utf-8")
+    return {m.group(1) for m in re.finditer(r"^([A-Za-z0-9][\w.-]*)\s*:(?!=)", text, re.M)}
+
+
+@functools.cache
+def _help(module: str, sub: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", module, sub, "--help"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _expand(token: str, env: dict[str, str]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        assert name in env or name in GITHUB_DEFAULTS, f"${name} is used but the step's env: does not set it"
+        return env.get(name, GITHUB_DEFAULTS.get(name, ""))
+    return ENV_REF.sub(sub, token)
+
+
+def test_both_workflows_exist() -> None:
+    assert CI.is_file() and GPU.is_file()
+    assert len(RUN_STEPS) >= 8
+
+
+@pytest.mark.parametrize("workflow,job,command,env", RUN_STEPS,
+                         ids=[f"{w}:{j}:{c.split()[:3]}" for w, j, c, _ in RUN_STEPS])
+def test_run_is_one_call_of_a_tested_entry_point(workflow: str, job: str, command: str,
+                                                 env: dict[str, str]) -> None:
+    command = command.strip()
+    assert "${{" not in command, "expressions (inputs, secrets, ...) must reach a command through env:"
+    assert not SHELL_SYNTAX.search(command), "one command per step: no pipes, lists, redirections or $(...)"
+    argv = shlex.split(command)
+    if argv[0] == "make":
+        targets = argv[1:]
+        assert targets and all("=" not in t for t in targets), "make <target>; variables go in env:"
+        assert set(targets) <= _makefile_targets(), f"unknown make target(s) {targets}"
+        return
+    assert argv[:2] == ["python", "-m"] and argv[2] in ("bench", "ci"), \
+        f"a run: step calls make, python -m bench or python -m ci, got {command!r}"
+    module, sub, args = argv[2], argv[3], [_expand(a, env) for a in argv[4:]]
+    shown = _help(module, sub)
+    for flag in (a.split("=", 1)[0] for a in args if a.startswith("--")):
+        assert re.search(rf"(^|[\s\[]){re.escape(flag)}(?=[\s,=\]]|$)", shown, re.M), \
+            f"`python -m {module} {sub}` has no {flag}"
+    if module == "ci":  # the real parser also checks the values the env defaults give
+        build_parser().parse_args([sub, *args])
+
+
+def test_inputs_never_appear_in_run() -> None:
+    for path in WORKFLOWS.glob("*.y*ml"):
+        for job in load(path)["jobs"].values():
+            for step in job["steps"]:
+                assert "inputs." not in str(step.get("run", "")), f"{path.name}: {step}"
+
+
+@pytest.mark.parametrize("path", [CI, GPU], ids=lambda p: p.name)
+def test_permissions_triggers_pins_and_timeouts(path: Path) -> None:
+    doc = load(path)
+    assert "pull_request_target" not in triggers(doc) and "workflow_run" not in triggers(doc)
+    assert "permissions" in doc, "least privilege starts at the top: permissions: {} or contents: read"
+    assert all(v in ("read", "none") for v in (doc["permissions"] or {}).values())
+    for name, job in doc["jobs"].items():
+        assert "permissions" in job, f"job {name} must set its own permissions"
+        assert isinstance(job.get("timeout-minutes"), int), f"job {name} needs timeout-minutes"
+        writes = {k for k, v in job["permissions"].items() if v == "write"}
+        expected = {"contents", "pull-requests"} if (path, name) == (GPU, "decide") else set()
+        assert writes == expected, f"job {name} may write {expected or 'nothing'}, got {writes}"
+        for step in job["steps"]:
+            if "uses" in step:
+                assert SHA_PIN.fullmatch(step["uses"]), f"pin {step['uses']} by full commit SHA"
+            if str(step.get("uses", "")).startswith("actions/checkout@"):
+                assert step["with"]["persist-credentials"] is False
+
+
+def test_ci_workflow_runs_the_make_targets() -> None:
+    doc = load(CI)
+    assert set(triggers(doc)) == {"push", "pull_request"}
+    commands = {c for w, _, c, _ in RUN_STEPS if w == CI.name}
+    assert commands == {"make test", "make lint"}
+    assert all(job["runs-on"] == "ubuntu-latest" for job in doc["jobs"].values())
+
+
+def test_gpu_workflow_shape() -> None:
+    from bench.cases import SIZES
+
+    doc = load(GPU)
+    on = triggers(doc)
+    assert set(on) == {"workflow_dispatch", "schedule"}, "no code from forks on the GPU runner"
+    inputs = on["workflow_dispatch"]["inputs"]
+    assert {k: (v["type"], v["default"]) for k, v in inputs.items()} == {
+        "suites": ("string", "fa2,calibration"), "size": ("choice", "nightly"), "margin": ("string", "1.2"),
+        "dry_run": ("boolean", False), "runner_label": ("string", "sm90")}
+    assert inputs["size"]["options"] == list(SIZES)
+    gpu, decide = doc["jobs"]["gpu"], doc["jobs"]["decide"]
+    assert gpu["runs-on"][:2] == ["self-hosted", "gpu"] and gpu["concurrency"]["cancel-in-progress"] is False
+    assert gpu["strategy"]["matrix"] == decide["strategy"]["matrix"]
+    assert decide["needs"] == "gpu" and decide["runs-on"] == "ubuntu-latest"
+    for job in (gpu, decide):
+        uploads = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@")]
+        assert uploads and all(s["if"] == "${{ always() }}" for s in uploads)
+    gpu_runs = [c for w, j, c, _ in RUN_STEPS if w == GPU.name and j == "gpu"]
+    assert gpu_runs[1:3] == ["make test-gpu-smoke", "make test-fa2-parity"]
+    assert gpu_runs[3].startswith("python -m bench run ") and "--device cuda" in gpu_runs[3]
+    decide_runs = [c.split()[:4] for w, j, c, _ in RUN_STEPS if w == GPU.name and j == "decide"]
+    assert [c[3] for c in decide_runs[1:]] == ["decide", "report", "pr"]
+    pr_env = next(s for s in decide["steps"] if "ci pr" in str(s.get("run")))["env"]
+    assert pr_env["GITHUB_TOKEN"] == "${{ secrets.NSA_BOT_TOKEN || github.token }}"
+    labels = yaml.safe_load((REPO / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"]
+    assert {"gpu", "sm90", "sm89", "sm80"} <= set(labels)
+
+
+def _tool(name: str) -> str:
+    beside = Path(sys.executable).parent / name  # the venv's, even when it is not on PATH
+    found = str(beside) if beside.is_file() else shutil.which(name)
+    if not found:
+        pytest.skip(f"{name} is not installed (pip install -e '.[dev]' installs it)")
+    return found
+
+
+def _check(cmd: list[str]) -> Any:
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_actionlint() -> None:
+    _check([_tool("actionlint"), "-no-color"])
+
+
+def test_zizmor() -> None:
+    _check([_tool("zizmor"), "--offline", "--no-progress", "--color", "never", str(WORKFLOWS)])
