@@ -101,7 +101,9 @@ class NSAAttention(nn.Module):
     `forward(x)` is the prefill. Decode: `cache = attn.new_cache()`, `y, cache = attn.prefill(x)`
     (or start empty), then `y_t = attn.step(x_t, cache)` for `x_t [B, 1, dim]`; every step output
     equals the prefill output at that position. `cache.reads` holds the last step's read counts.
-    `backend` applies to the sliding and compressed branches (`"auto"`: nsa.dispatch thresholds).
+    `backend` applies to the sliding and compressed branches (`"auto"`: nsa.dispatch thresholds);
+    `backend="triton"` runs the fused Triton compressed+scores kernel and the Triton selection
+    kernel in prefill (decode keeps the gather path), with sliding through `auto`.
     """
 
     def __init__(self, config: NSAConfig, *, backend: str = "auto") -> None:
@@ -155,6 +157,8 @@ class NSAAttention(nn.Module):
         per branch.
         """
         c = self.config
+        if self.backend == "triton":
+            return self._attend_triton(q, kv, gates, branches)
         out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
         k_c, v_c = kv[self._kv_name("cmp")]
         kc, vc = self.compress(k_c, v_c) if {"cmp", "sel"} & set(branches) else (None, None)
@@ -173,6 +177,35 @@ class NSAAttention(nn.Module):
             k_w, v_w = kv[self._kv_name("win")]
             o = ops.sliding_window_attention(q, k_w, v_w, window=c.window, scale=c.softmax_scale,
                                              backend=self.backend)
+            out = out + gates[..., 2:3] * o
+        return out
+
+    def _attend_triton(self, q: Tensor, kv: dict[str, tuple[Tensor, Tensor]], gates: Tensor,
+                       branches: Sequence[str], q_start: int = 0) -> Tensor:
+        """The fast path: one fused Triton kernel gives the compressed output and the selection
+        scores, top-n on the GPU, the group-centric Triton selection kernel, and the sliding branch
+        through `auto` dispatch (FA-2 above its threshold). Same semantics as `attend`."""
+        from nsa.backends import triton_nsa
+        from nsa.selection import select_from_scores
+
+        c = self.config
+        out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
+        if {"cmp", "sel"} & set(branches):
+            kc, vc = self.compress(*kv[self._kv_name("cmp")])
+            o_cmp, scores = triton_nsa.compressed_and_scores(
+                q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, scale=c.softmax_scale,
+                q_start=q_start, scores="sel" in branches)
+            if "cmp" in branches:
+                out = out + gates[..., 0:1] * o_cmp
+            if "sel" in branches:
+                idx = select_from_scores(scores, q_start, sel_block=c.sel_block, sel_count=c.sel_count)
+                k_s, v_s = kv[self._kv_name("sel")]
+                o = ops.selected_attention(q, k_s, v_s, idx, sel_block=c.sel_block, scale=c.softmax_scale,
+                                           backend="triton", q_start=q_start)
+                out = out + gates[..., 1:2] * o
+        if "win" in branches:
+            k_w, v_w = kv[self._kv_name("win")]
+            o = ops.sliding_window_attention(q, k_w, v_w, window=c.window, scale=c.softmax_scale, backend="auto")
             out = out + gates[..., 2:3] * o
         return out
 
@@ -247,7 +280,8 @@ class NSAAttention(nn.Module):
             kb, vb = cache.raw[self._kv_name("win")]
             k_w, v_w = kb.view(c.window), vb.view(c.window)
             o = ops.sliding_window_attention(q, k_w, v_w, window=c.window, scale=c.softmax_scale,
-                                             backend=self.backend, q_start=t, k_start=t + 1 - k_w.shape[1])
+                                             backend="auto" if self.backend == "triton" else self.backend,
+                                             q_start=t, k_start=t + 1 - k_w.shape[1])
             reads.win = k_w.shape[1]
             out = out + gates[..., 2:3] * o
         cache.reads = reads

@@ -80,3 +80,16 @@ def select_blocks_impl(q: Tensor, k_cmp: Tensor, q_start: int, *, block: int, st
         group = p_slc.view(bsz, hkv, hq // hkv, *p_slc.shape[2:]).sum(2)  # Eq. 10
         out.append(select_topn(group, q_pos, sel_block=sel_block, sel_count=sel_count))
     return torch.cat(out, dim=1)
+
+
+def select_from_scores(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int,
+                       chunk: int = 8192) -> Tensor:
+    """Top-n from precomputed group scores `[B, Tq, Hkv, Nb]` (e.g. the Triton fused kernel's),
+    with the same forced blocks and tie rule as `select_topn`; chunked over queries so the sort's
+    scratch stays `O(B * Hkv * chunk * Nb)`."""
+    out = []
+    for c0 in range(0, scores.shape[1], chunk):
+        part = scores[:, c0:c0 + chunk]
+        q_pos = torch.arange(q_start + c0, q_start + c0 + part.shape[1], device=scores.device)
+        out.append(select_topn(part.permute(0, 2, 1, 3), q_pos, sel_block=sel_block, sel_count=sel_count))
+    return torch.cat(out, dim=1)

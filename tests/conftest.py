@@ -13,6 +13,9 @@ def pytest_configure(config: pytest.Config) -> None:
     except ImportError:  # ci/ tests run without torch too
         return
     torch.set_num_threads(1)
+    if not torch.cuda.is_available():
+        # Own Triton kernels run on CPU through Triton's interpreter (read when kernels are defined).
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

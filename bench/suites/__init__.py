@@ -12,7 +12,7 @@ from types import ModuleType
 
 from bench.cases import Cell, expand
 
-SUITES = ("fa2", "masked", "decode", "prefill", "calibration")
+SUITES = ("fa2", "masked", "decode", "prefill", "calibration", "fast")
 DEFAULT_SUITES = ("fa2", "calibration")
 
 

@@ -23,6 +23,7 @@ _TABLE = {
     "flash_attn": "nsa.backends.flash_attn",
     "torch_fa2": "nsa.backends.torch_fa2",
     "flex": "nsa.backends.flex",
+    "triton": "nsa.backends.triton_nsa",
 }
 ALIASES = ("fa2", "auto")
 OPS = ("sliding", "compressed", "selected")

@@ -57,7 +57,36 @@ def test_decode_equals_prefill_every_position(over, seed):
                 cache = m.new_cache()
             for t in range(start, t_total):
                 y = m.step(x[:, t:t + 1], cache)
-                assert rel_err(y, full[:, t:t + 1]) < 1e-5, f"position {t} (prefill {start})"
+                if rel_err(y, full[:, t:t + 1]) >= 1e-5:
+                    _assert_near_tie_flip(m, x, t, cache.reads.sel_blocks)
+
+
+def _assert_near_tie_flip(m: NSAAttention, x: torch.Tensor, t: int, decode_blocks: torch.Tensor) -> None:
+    """fp32 cannot order two blocks whose scores differ by rounding: decode (one query) and prefill
+    (a chunk of queries) may then pick different blocks. Accept a mismatch only if that happened
+    (the block sets differ at t) and the score gap is at rounding level."""
+    from nsa import ops
+    from nsa.selection import compressed_probs, overlap_weights
+
+    c = m.config
+    q, kv, _ = m.project(x)
+    kc, _ = m.compress(*kv[m._kv_name("cmp")])
+    idx = ops.select_blocks(q, kc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block,
+                            sel_count=c.sel_count, scale=c.softmax_scale)[:, t:t + 1]
+    assert not torch.equal(idx, decode_blocks), f"position {t}: decode differs from prefill with the same blocks"
+    p = compressed_probs(q[:, t:t + 1].double(), kc.double(), torch.tensor([t]), block=c.cmp_block,
+                         stride=c.cmp_stride, scale=c.softmax_scale)
+    nb = t // c.sel_block + 1
+    score = (p @ overlap_weights(kc.shape[1], nb, c.cmp_block, c.cmp_stride, c.sel_block, "cpu", torch.float64))
+    score = score.view(x.shape[0], c.n_kv_heads, -1, nb).sum(2)                     # [B, Hkv, Nb]
+    for b in range(x.shape[0]):
+        for g in range(c.n_kv_heads):
+            a = {int(j) for j in idx[b, 0, g] if j >= 0}
+            d = {int(j) for j in decode_blocks[b, 0, g] if j >= 0}
+            for j1 in a ^ d:
+                gaps = [abs(float(score[b, g, j1] - score[b, g, j2])) for j2 in (a ^ d) - {j1}]
+                assert gaps and min(gaps) < 1e-5 * float(score[b, g].abs().max()), (
+                    f"position {t}: blocks {sorted(a)} vs {sorted(d)} differ by more than a near-tie")
 
 
 def test_read_counters_match_spec(seed):

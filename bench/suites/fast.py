@@ -1,0 +1,98 @@
+"""The fast NSA path (own Triton kernels) against dense causal attention, prefill (issue: Fast NSA).
+
+Cells (paper layout: 64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16 w=512, separate K/V):
+- `nsa_prefill`: NSA attention forward, projections excluded (avg compression, fused Triton
+  compressed-attention + selection scores, top-n on the GPU, Triton selection kernel, sliding
+  through FA-2 (torch's or flash-attn) on CUDA, gated sum), against dense causal SDPA restricted
+  to its flash (FA-2) and cuDNN backends.
+- `selected`: the Triton selection kernel alone (blocks chosen by the real scores, outside the
+  timed call) against the same dense baselines.
+No parity here: NSA is not dense attention; tests/nsa/test_triton.py checks every kernel against
+the fp64 oracle. Out of memory is recorded as `skipped`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.cases import CaseSpec, Cell, Variant, Workload, product
+from bench.suites.prefill import NSA, PAPER, _dense_variant, _probe
+
+DENSE = (Variant("sdpa_flash", "baseline", op="dense"), Variant("sdpa_cudnn", op="dense"))
+SMALL = {"B": 1, "Hq": 8, "Hkv": 2, "Dk": 32, "Dv": 32, **NSA}
+PAPER_192 = {**PAPER, "Dk": 192}
+SIZES = {
+    "smoke": product(layout=(SMALL,), T=(300,), dtype=("bf16",)),
+    "nightly": product(layout=(PAPER,), T=(8192, 16384, 32768, 65536), dtype=("bf16",)),
+    "full": product(layout=(PAPER,), T=(8192, 16384, 32768, 65536, 131072), dtype=("bf16",))
+    + product(layout=(PAPER_192,), T=(16384,), dtype=("bf16",)),
+}
+# The kernel-alone cells carry `part: sel` so their dense cases get ids of their own.
+SEL_SIZES = {size: tuple({**params, "part": "sel"} for params in grid) for size, grid in SIZES.items()}
+SPECS = (
+    CaseSpec("nsa_prefill", (*DENSE, Variant("triton", "candidate")), SIZES),
+    CaseSpec("selected", (*DENSE, Variant("triton", "candidate")), SEL_SIZES),
+)
+
+
+def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any]):
+    """NSA attention forward on the fast path -> `[B, T, Hq, Dv]` (projections excluded)."""
+    from nsa import ops
+    from nsa.backends import triton_nsa
+    from nsa.selection import select_from_scores
+
+    scale = q.shape[-1] ** -0.5
+    kc, vc = ops.compress_kv(*kv["cmp"], block=p["block"], stride=p["stride"])
+    o_cmp, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=p["block"], stride=p["stride"],
+                                                     sel_block=p["sel_block"], scale=scale)
+    idx = select_from_scores(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])
+    o_sel = ops.selected_attention(q, *kv["sel"], idx, sel_block=p["sel_block"], backend="triton")
+    win_backend = "fa2" if q.is_cuda and q.shape[-1] == kv["win"][1].shape[-1] else "sdpa"
+    o_win = ops.sliding_window_attention(q, *kv["win"], window=p["window"], backend=win_backend)
+    return gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win
+
+
+def build(cell: Cell, device) -> Workload:
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    from bench import parity
+    from nsa import ops
+
+    p = cell.params
+    dtype, gen = parity.dtype_of(p["dtype"]), parity.generator(device, 0)
+    B, T, Hq, Hkv, Dk, Dv = (p[k] for k in ("B", "T", "Hq", "Hkv", "Dk", "Dv"))
+    q = parity.randn((B, T, Hq, Dk), dtype, device, gen)
+    kv = {n: (parity.randn((B, T, Hkv, Dk), dtype, device, gen), parity.randn((B, T, Hkv, Dv), dtype, device, gen))
+          for n in ("cmp", "sel", "win")}
+    gates = torch.sigmoid(parity.randn((B, T, Hq, 3), dtype, device, gen))
+    work = Workload(fns={}, backends={}, dtype=p["dtype"])
+    dense = {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}
+    for v in cell.variants:
+        if v.backend in dense:
+            _dense_variant(work, v.key, q, *kv["sel"], dense[v.backend], device)
+            continue
+        work.backends[v.key] = "triton"
+        if cell.op == "nsa_prefill":
+            fn = lambda: nsa_triton(q, kv, gates, p)  # noqa: E731
+            work.extra[v.key] = {"branch_backends": {"cmp": "triton", "sel": "triton",
+                                                     "win": "fa2" if device.type == "cuda" else "sdpa"}}
+        else:
+            kc, _ = ops.compress_kv(*kv["cmp"], block=p["block"], stride=p["stride"])
+            idx = ops.select_blocks(q, kc, block=p["block"], stride=p["stride"], sel_block=p["sel_block"],
+                                    sel_count=p["sel_count"]) if T <= 16384 else _fast_idx(q, kv, p)
+            fn = lambda idx=idx: ops.selected_attention(  # noqa: E731
+                q, *kv["sel"], idx, sel_block=p["sel_block"], backend="triton")
+        _probe(work, v.key, fn, device, unsupported_ok=False)
+    return work
+
+
+def _fast_idx(q, kv, p):
+    from nsa import ops
+    from nsa.backends import triton_nsa
+    from nsa.selection import select_from_scores
+
+    kc, vc = ops.compress_kv(*kv["cmp"], block=p["block"], stride=p["stride"])
+    _, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=p["block"], stride=p["stride"],
+                                                 sel_block=p["sel_block"], scale=q.shape[-1] ** -0.5)
+    return select_from_scores(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])

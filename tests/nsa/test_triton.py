@@ -1,0 +1,89 @@
+"""Own Triton kernels against the fp64 oracle: on CUDA, or on CPU under TRITON_INTERPRET=1."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from nsa import NSAAttention, NSAConfig, ops, reference
+from nsa.backends import triton_nsa
+from nsa.selection import compressed_probs, overlap_weights
+from tests.nsa.helpers import qkv, rand, rel_err
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    triton_nsa.unavailable_reason(DEV) is not None,
+    reason=f"triton backend unavailable: {triton_nsa.unavailable_reason(DEV)} (CPU: TRITON_INTERPRET=1)")
+# (B, T, Hq, Hkv, dk, dv): GQA 1/4/16, awkward T, dk != dv.
+SHAPES = [(1, 37, 4, 4, 16, 16), (2, 70, 8, 2, 16, 8), (1, 45, 16, 1, 32, 16)]
+IDS = [f"B{s[0]}-T{s[1]}-Hq{s[2]}-Hkv{s[3]}-dk{s[4]}-dv{s[5]}" for s in SHAPES]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_triton_selected_matches_oracle(shape, seed):
+    q, k, v = qkv(*shape, device=DEV)
+    kc, _ = ops.compress_kv(k, v, block=8, stride=4)
+    idx = ops.select_blocks(q, kc, block=8, stride=4, sel_block=16, sel_count=3)
+    out = ops.selected_attention(q, k, v, idx, sel_block=16, backend="triton")
+    assert rel_err(out, reference.selected_attention(q, k, v, idx, sel_block=16)) < 1e-5
+    # Decode: one query at t over the whole cache.
+    t = shape[1] - 1
+    out_t = ops.selected_attention(q[:, t:t + 1], k, v, idx[:, t:t + 1], sel_block=16, backend="triton", q_start=t)
+    assert rel_err(out_t, out[:, t:t + 1]) < 1e-5
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_triton_compressed_and_scores_match(shape, seed):
+    q, k, v = qkv(*shape, device=DEV)
+    kc, vc = ops.compress_kv(k, v, block=8, stride=4)
+    scale = shape[4] ** -0.5
+    out, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=8, stride=4, sel_block=16, scale=scale)
+    assert rel_err(out, reference.compressed_attention(q, kc, vc, block=8, stride=4)) < 1e-5
+    assert out[:, :7].abs().max() == 0, "queries with no complete block get exactly 0"
+    t = shape[1]
+    nb = (t - 1) // 16 + 1
+    p = compressed_probs(q.double(), kc.double(), torch.arange(t, device=q.device), block=8, stride=4, scale=scale)
+    ref = p @ overlap_weights(kc.shape[1], nb, 8, 4, 16, q.device, torch.float64)
+    ref = ref.view(shape[0], shape[3], shape[2] // shape[3], t, nb).sum(2).permute(0, 2, 1, 3)
+    assert torch.allclose(scores.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_triton_module_matches_oracle(seed):
+    cfg = NSAConfig(dim=32, n_heads=8, n_kv_heads=2, head_dim_qk=16, head_dim_v=16, cmp_block=8, cmp_stride=4,
+                    sel_block=16, sel_count=4, window=20)
+    m = NSAAttention(cfg, backend="triton").to(DEV)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.3)
+        x = rand(2, 53, 32, device=DEV)
+        ref = reference.module_forward(m, x)
+        assert rel_err(m(x), ref) < 1e-5
+        cache = m.new_cache()
+        for t in range(53):
+            y = m.step(x[:, t:t + 1], cache)
+        assert rel_err(y, ref[:, -1:]) < 1e-5
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="bf16 tensor-core path needs CUDA")
+@pytest.mark.gpu
+def test_triton_bf16_paper_shapes_on_gpu(seed):
+    """bf16, paper block sizes, GQA 16 and dk=dv=128 / dk=192: selection kernel within 2x SDPA's error."""
+    for dk, dv in ((128, 128), (192, 128)):
+        q, k, v = qkv(1, 1000, 16, 1, dk, dv, dtype=torch.bfloat16, device=DEV)
+        kc, vc = ops.compress_kv(k, v, block=32, stride=16)
+        idx = ops.select_blocks(q, kc, block=32, stride=16, sel_block=64, sel_count=16)
+        ref = reference.selected_attention(q, k, v, idx, sel_block=64)
+        ours = ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton")
+        base = ops.selected_attention(q, k, v, idx, sel_block=64, backend="sdpa")
+        assert rel_err(ours, ref) <= 2 * rel_err(base, ref) + 1e-6
+        ref_c = reference.compressed_attention(q, kc, vc, block=32, stride=16)
+        oc, _ = triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64, scale=dk ** -0.5)
+        bc = ops.compressed_attention(q, kc, vc, block=32, stride=16, backend="sdpa")
+        assert rel_err(oc, ref_c) <= 2 * rel_err(bc, ref_c) + 1e-6
+
+
+def test_interpreter_flag_is_what_cpu_runs_use():
+    if DEV == "cpu":
+        assert os.environ.get("TRITON_INTERPRET") == "1"
