@@ -41,7 +41,7 @@ def select_topn(group_scores: Tensor, q_pos: Tensor, *, sel_block: int, sel_coun
     """Top-n blocks from group scores `[B, Hkv, Tq, Nb]` -> indices `[B, Tq, Hkv, sel_count]`.
 
     Forced: block 0, the current block and the previous one. Candidates: `j * l' <= t`. Ties go to
-    the lower index (stable sort). Rows list the chosen blocks ascending, padded with `-1`.
+    the lower index. Rows list the chosen blocks ascending, padded with `-1`.
     """
     n_blocks = group_scores.shape[-1]
     j = torch.arange(n_blocks, device=q_pos.device)
@@ -50,10 +50,16 @@ def select_topn(group_scores: Tensor, q_pos: Tensor, *, sel_block: int, sel_coun
     forced = (j[None, :] == 0) | (j[None, :] == cur) | (j[None, :] == cur - 1)
     scores = group_scores.masked_fill(forced, float("inf")).masked_fill(~candidate, float("-inf"))
     k = min(sel_count, n_blocks)
-    order = torch.sort(scores, dim=-1, descending=True, stable=True)
-    top_idx, top_val = order.indices[..., :k], order.values[..., :k]
-    top_idx = torch.where(top_val == float("-inf"), torch.full_like(top_idx, n_blocks), top_idx)
-    top_idx = torch.sort(top_idx, dim=-1).values
+    # Exact "highest score, ties to the lower index" without a full sort (a sort of every row
+    # dominated the GPU prefill): take everything above the k-th largest score, then the
+    # lowest-index blocks that tie with it; never a non-candidate.
+    thr = torch.topk(scores, k, dim=-1).values[..., -1:]
+    above = scores > thr
+    tied = scores == thr
+    room = k - above.sum(-1, keepdim=True)
+    take = (above | (tied & (torch.cumsum(tied, dim=-1) <= room))) & (scores > float("-inf"))
+    j = torch.arange(n_blocks, device=scores.device)
+    top_idx = torch.topk(torch.where(take, j, n_blocks), k, dim=-1, largest=False, sorted=True).values
     top_idx = torch.where(top_idx == n_blocks, torch.full_like(top_idx, -1), top_idx)
     if k < sel_count:
         pad = top_idx.new_full((*top_idx.shape[:-1], sel_count - k), -1)

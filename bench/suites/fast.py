@@ -37,6 +37,8 @@ SPECS = (
 
 def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any]):
     """NSA attention forward on the fast path -> `[B, T, Hq, Dv]` (projections excluded)."""
+    import torch
+
     from nsa import ops
     from nsa.backends import triton_nsa
     from nsa.selection import select_from_scores
@@ -47,7 +49,8 @@ def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any]):
                                                      sel_block=p["sel_block"], scale=scale)
     idx = select_from_scores(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])
     o_sel = ops.selected_attention(q, *kv["sel"], idx, sel_block=p["sel_block"], backend="triton")
-    win_backend = "fa2" if q.is_cuda and q.shape[-1] == kv["win"][1].shape[-1] else "sdpa"
+    fa2_ok = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == kv["win"][1].shape[-1]
+    win_backend = "fa2" if fa2_ok else "sdpa"
     o_win = ops.sliding_window_attention(q, *kv["win"], window=p["window"], backend=win_backend)
     return gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win
 

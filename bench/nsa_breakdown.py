@@ -1,0 +1,84 @@
+"""Where the fast NSA prefill spends its time: each stage timed alone (CUDA events, bench.timing).
+
+    python bench/nsa_breakdown.py --T 65536 [--json out.json]
+
+Stages: avg compression, the fused Triton compressed+scores kernel, top-n, the Triton selection
+kernel, sliding (FA-2), gated sum; and dense causal FA-2 / cuDNN for scale. Paper layout
+(64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16 w=512), bf16, B=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--T", type=int, default=65536)
+    ap.add_argument("--json", help="write the medians (ms) here")
+    args = ap.parse_args(argv)
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from bench.timing import Timer, measure
+    from nsa import ops
+    from nsa.backends import triton_nsa
+    from nsa.selection import select_from_scores
+
+    if not torch.cuda.is_available():
+        print("nsa_breakdown needs CUDA", file=sys.stderr)
+        return 2
+    dev, dt, t = "cuda", torch.bfloat16, args.T
+    g = torch.Generator(device=dev).manual_seed(0)
+    r = lambda *s: torch.randn(*s, device=dev, dtype=dt, generator=g)  # noqa: E731
+    q = r(1, t, 64, 128)
+    k, v = r(1, t, 4, 128), r(1, t, 4, 128)
+    gates = torch.sigmoid(r(1, t, 64, 3))
+    kc, vc = ops.compress_kv(k, v, block=32, stride=16)
+    o_cmp, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5)
+    idx = select_from_scores(scores, 0, sel_block=64, sel_count=16)
+    o_sel = ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton")
+    o_win = ops.sliding_window_attention(q, k, v, window=512, backend="fa2")
+
+    def dense(backend):
+        def fn():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                      is_causal=True, enable_gqa=True)
+        return fn
+
+    stages = {
+        "compress_kv (avg)": lambda: ops.compress_kv(k, v, block=32, stride=16),
+        "cmp attention + scores (triton)": lambda: triton_nsa.compressed_and_scores(
+            q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5),
+        "cmp attention only (triton)": lambda: triton_nsa.compressed_and_scores(
+            q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5, scores=False),
+        "top-n from scores": lambda: select_from_scores(scores, 0, sel_block=64, sel_count=16),
+        "selected attention (triton)": lambda: ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton"),
+        "sliding w=512 (fa2)": lambda: ops.sliding_window_attention(q, k, v, window=512, backend="fa2"),
+        "gated sum": lambda: gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win,
+        "dense causal FA-2": dense(SDPBackend.FLASH_ATTENTION),
+        "dense causal cuDNN": dense(SDPBackend.CUDNN_ATTENTION),
+    }
+    samples = measure(stages, Timer(warmup_ms=50, rep_ms=300, min_rep=5, max_rep=50))
+    med = {name: statistics.median(s) for name, s in samples.items()}
+    print(f"T={t} ({torch.cuda.get_device_name()})")
+    for name, ms in med.items():
+        print(f"  {name:34s} {ms:9.3f} ms")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"T": t, "gpu": torch.cuda.get_device_name(), "median_ms": med,
+                       "samples_ms": samples}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
