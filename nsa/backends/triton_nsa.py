@@ -117,7 +117,7 @@ if triton is not None:
                  mask=(offs_g[:, None] < G) & (offs_dv[None, :] < DV))
 
     @triton.jit
-    def _cmp_fwd(Q, KC, VC, Out, S,
+    def _cmp_fwd(Q, KC, VC, Out, S, MS, IL,
                  sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, ssb, sst, ssh,
                  T, Tc, NB, q_start, scale,
                  TC_ALL: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr, SEL: tl.constexpr,
@@ -177,21 +177,65 @@ if triton is not None:
                     acc += tl.dot(p, vc.to(tl.float32), input_precision="ieee")
                 else:
                     acc += tl.dot(p.to(vc.dtype), vc)
-                if SCORES:
-                    # Overlap of compressed token i [i*D, i*D+L) with selection block j [j*SEL, (j+1)*SEL).
-                    jb = (c0 * D) // SEL
-                    offs_j = jb + tl.arange(0, BNB)
-                    lo = tl.maximum(offs_c[:, None] * D, offs_j[None, :] * SEL)
-                    hi = tl.minimum(offs_c[:, None] * D + L, (offs_j[None, :] + 1) * SEL)
-                    w = tl.maximum(hi - lo, 0).to(tl.float32)
-                    contrib = tl.dot(p, w, input_precision="ieee")               # ranks need full fp32
-                    ptr = S + b * ssb + offs_t[:, None] * sst + h * ssh + offs_j[None, :]
-                    smask = row_ok[:, None] & (offs_j[None, :] < NB)
-                    old = tl.load(ptr, mask=smask, other=0.0)
-                    tl.store(ptr, old + contrib, mask=smask)
-                    tl.debug_barrier()   # the next tile's window overlaps this one's blocks
             tl.store(Out + b * sob + offs_t[:, None] * sot + hq * soh + offs_dv[None, :],
                      acc.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
+            if SCORES:
+                # Softmax stats per (query, head) for the scores kernel: [B, T, Hq] fp32.
+                stat = b * (T * HKV * G) + offs_t * (HKV * G) + hq
+                tl.store(MS + stat, m_safe, mask=row_ok)
+                tl.store(IL + stat, inv_l, mask=row_ok)
+
+    @triton.jit
+    def _cmp_scores(Q, KC, S, MS, IL,
+                    sqb, sqt, sqh, skb, skt, skh, ssb, sst, ssh,
+                    T, Tc, NB, q_start, scale,
+                    TC_ALL: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
+                    SEL: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BNB: tl.constexpr,
+                    BDK: tl.constexpr, IEEE: tl.constexpr, DYN_LOOP: tl.constexpr):
+        """Group scores: for each compressed tile, sum over the group's heads of p_cmp @ overlap,
+        accumulated in registers and added to the output once per tile (not once per head)."""
+        pid_t = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // HKV
+        h = bh % HKV
+        offs_t = pid_t * BT + tl.arange(0, BT)
+        t_abs = q_start + offs_t
+        row_ok = offs_t < T
+        nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
+        nvis = tl.where(row_ok, tl.minimum(nvis, Tc), 0)
+        t_last = q_start + tl.minimum(pid_t * BT + BT, T) - 1
+        max_vis = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
+        offs_dk = tl.arange(0, BDK)
+        for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
+            offs_c = c0 + tl.arange(0, BC)
+            kc = tl.load(KC + b * skb + offs_c[:, None] * skt + h * skh + offs_dk[None, :],
+                         mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
+            # Overlap of compressed token i [i*D, i*D+L) with selection block j [j*SEL, (j+1)*SEL).
+            jb = (c0 * D) // SEL
+            offs_j = jb + tl.arange(0, BNB)
+            lo = tl.maximum(offs_c[:, None] * D, offs_j[None, :] * SEL)
+            hi = tl.minimum(offs_c[:, None] * D + L, (offs_j[None, :] + 1) * SEL)
+            w = tl.maximum(hi - lo, 0).to(tl.float32)
+            tot = tl.zeros([BT, BNB], tl.float32)
+            for g in range(G):
+                hq = h * G + g
+                q = tl.load(Q + b * sqb + offs_t[:, None] * sqt + hq * sqh + offs_dk[None, :],
+                            mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+                stat = b * (T * HKV * G) + offs_t * (HKV * G) + hq
+                m = tl.load(MS + stat, mask=row_ok, other=0.0)
+                il = tl.load(IL + stat, mask=row_ok, other=0.0)
+                if IEEE:
+                    qk = tl.dot(q, tl.trans(kc), input_precision="ieee")
+                else:
+                    qk = tl.dot(q, tl.trans(kc))
+                qk = tl.where(offs_c[None, :] < nvis[:, None], qk * scale, float("-inf"))
+                p = tl.exp(qk - m[:, None]) * il[:, None]
+                tot += tl.dot(p, w, input_precision="ieee")               # ranks need full fp32
+            ptr = S + b * ssb + offs_t[:, None] * sst + h * ssh + offs_j[None, :]
+            smask = row_ok[:, None] & (offs_j[None, :] < NB)
+            old = tl.load(ptr, mask=smask, other=0.0)
+            tl.store(ptr, old + tot, mask=smask)
+            tl.debug_barrier()   # the next tile's window overlaps this one's blocks
 
 
 def selected(call: AttnCall) -> Tensor:
@@ -228,12 +272,21 @@ def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int
         return o, s if scores else None
     bt, bc = (16, 16) if _interpret() else (64, 64)
     bnb = _np2((bc * stride + block) // sel_block + 2, 16)
-    _cmp_fwd[(triton.cdiv(tq, bt), b * hkv)](
-        q, k_cmp, v_cmp, o, s, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
+    stats = (torch.empty(b, tq, hq, dtype=torch.float32, device=q.device) if scores else s,
+             torch.empty(b, tq, hq, dtype=torch.float32, device=q.device) if scores else s)
+    grid = (triton.cdiv(tq, bt), b * hkv)
+    common = dict(TC_ALL=tc if _interpret() else 0, HKV=hkv, G=hq // hkv, L=block, D=stride, DK=dk, BT=bt, BC=bc,
+                  BDK=_np2(dk), IEEE=q.dtype == torch.float32, DYN_LOOP=not _interpret())
+    _cmp_fwd[grid](
+        q, k_cmp, v_cmp, o, s, *stats, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
         k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), o.stride(0), o.stride(1), o.stride(2),
         s.stride(0), s.stride(1), s.stride(2), tq, tc, nb, q_start, scale,
-        TC_ALL=tc if _interpret() else 0, HKV=hkv, G=hq // hkv, L=block, D=stride, SEL=sel_block, DK=dk, DV=dv, BT=bt, BC=bc, BNB=bnb,
-        BDK=_np2(dk), BDV=_np2(dv), SCORES=scores, IEEE=q.dtype == torch.float32, DYN_LOOP=not _interpret())
+        SEL=sel_block, DV=dv, BNB=bnb, BDV=_np2(dv), SCORES=scores, **common)
+    if scores:
+        _cmp_scores[grid](
+            q, k_cmp, s, *stats, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
+            k_cmp.stride(2), s.stride(0), s.stride(1), s.stride(2), tq, tc, nb, q_start, scale,
+            SEL=sel_block, BNB=bnb, **common)
     return o, s if scores else None
 
 
