@@ -61,10 +61,9 @@ def _call(op: str, b: int, t: int, hq: int, hkv: int, d: int, **kw) -> AttnCall:
 DOUBLE_CASES = [(2, 45, 4, 2, 16), (1, 100, 8, 8, 8), (3, 19, 16, 1, 8)]
 
 
-@pytest.mark.parametrize("shape", DOUBLE_CASES, ids=[f"B{s[0]}-T{s[1]}-Hq{s[2]}-Hkv{s[3]}" for s in DOUBLE_CASES])
-def test_flash_attn_adapter_contract(shape, monkeypatch, seed):
-    monkeypatch.setitem(sys.modules, "flash_attn", fa2_doubles.fake_flash_attn_module())
-    from nsa.backends import flash_attn as adapter
+def _check_adapter(adapter, shape) -> None:
+    """Both FA-2 adapters, on the doubles, against the oracle: windows below and above T, and
+    compressed grids where the stride divides the block, equals it and does not divide it."""
     for w in (1, 9, 500):
         call = _call("sliding", *shape, window=w)
         assert rel_err(adapter.sliding(call), reference.sliding_window_attention(call.q, call.k, call.v, window=w)) < 1e-9
@@ -74,7 +73,17 @@ def test_flash_attn_adapter_contract(shape, monkeypatch, seed):
         assert rel_err(adapter.compressed(call), ref) < 1e-9
 
 
-@pytest.mark.parametrize("shape", DOUBLE_CASES, ids=[f"B{s[0]}-T{s[1]}-Hq{s[2]}-Hkv{s[3]}" for s in DOUBLE_CASES])
+SHAPE_IDS = [f"B{s[0]}-T{s[1]}-Hq{s[2]}-Hkv{s[3]}" for s in DOUBLE_CASES]
+
+
+@pytest.mark.parametrize("shape", DOUBLE_CASES, ids=SHAPE_IDS)
+def test_flash_attn_adapter_contract(shape, monkeypatch, seed):
+    monkeypatch.setitem(sys.modules, "flash_attn", fa2_doubles.fake_flash_attn_module())
+    from nsa.backends import flash_attn as adapter
+    _check_adapter(adapter, shape)
+
+
+@pytest.mark.parametrize("shape", DOUBLE_CASES, ids=SHAPE_IDS)
 def test_torch_fa2_adapter_contract(shape, monkeypatch, seed):
     from nsa.backends import torch_fa2 as adapter
 
@@ -83,13 +92,7 @@ def test_torch_fa2_adapter_contract(shape, monkeypatch, seed):
                                                         scale=scale, **kw)[0]
 
     monkeypatch.setattr(adapter, "_fa", fake_fa)
-    for w in (1, 9, 500):
-        call = _call("sliding", *shape, window=w)
-        assert rel_err(adapter.sliding(call), reference.sliding_window_attention(call.q, call.k, call.v, window=w)) < 1e-9
-    for block, stride in ((8, 4), (16, 16), (5, 3)):
-        call = _call("compressed", *shape, block=block, stride=stride)
-        ref = reference.compressed_attention(call.q, call.k, call.v, block=block, stride=stride)
-        assert rel_err(adapter.compressed(call), ref) < 1e-9
+    _check_adapter(adapter, shape)
 
 
 def test_fa2_adapters_decode_alignment(monkeypatch, seed):
