@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nsa.masks import cmp_visible_count
+from nsa.masks import compressed_mask
 
 # Elements of one chunk's [B, Hq, C, Tc] score tensor; bounds prefill memory (see select_topn).
 CHUNK_ELEMENTS = 1 << 26
@@ -30,8 +30,7 @@ def compressed_probs(q: Tensor, k_cmp: Tensor, q_pos: Tensor, *, block: int, str
     hq, hkv = q.shape[2], k_cmp.shape[2]
     kq = k_cmp.to(acc).repeat_interleave(hq // hkv, dim=2)
     logits = torch.einsum("bthd,bshd->bhts", q.to(acc), kq) * scale
-    visible = torch.arange(k_cmp.shape[1], device=q.device)[None, :] < cmp_visible_count(
-        q_pos, block, stride)[:, None]
+    visible = compressed_mask(q_pos, k_cmp.shape[1], block, stride)
     logits = logits.masked_fill(~visible, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     return torch.nan_to_num(probs, nan=0.0)  # rows with nothing visible: exactly 0
