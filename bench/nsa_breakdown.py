@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     gates = torch.sigmoid(r(1, t, 64, 3))
     kc, vc = ops.compress_kv(k, v, block=32, stride=16)
     o_cmp, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5)
-    idx = select_from_scores(scores, 0, sel_block=64, sel_count=16)
+    idx = triton_nsa.topn(scores, 0, sel_block=64, sel_count=16)
     o_sel = ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton")
     o_win = ops.sliding_window_attention(q, k, v, window=512, backend="fa2")
 
@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5),
         "cmp attention only (triton)": lambda: triton_nsa.compressed_and_scores(
             q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5, scores=False),
-        "top-n from scores": lambda: select_from_scores(scores, 0, sel_block=64, sel_count=16),
+        "top-n (triton)": lambda: triton_nsa.topn(scores, 0, sel_block=64, sel_count=16),
+        "top-n (torch, select_from_scores)": lambda: select_from_scores(scores, 0, sel_block=64, sel_count=16),
         "selected attention (triton)": lambda: ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton"),
         "sliding w=512 (fa2)": lambda: ops.sliding_window_attention(q, k, v, window=512, backend="fa2"),
         "gated sum": lambda: gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win,

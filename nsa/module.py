@@ -90,9 +90,18 @@ class NSACache:
 
     length: int = 0
     raw: dict[str, tuple[_Buffer, _Buffer]] = field(default_factory=dict)
-    k_cmp: Tensor | None = None
-    v_cmp: Tensor | None = None
+    # The compressed stream, appended in amortised O(1) (a decode step never copies the stream).
+    cmp: tuple[_Buffer, _Buffer] = field(default_factory=lambda: (_Buffer(), _Buffer()))
     reads: ReadCounts = field(default_factory=ReadCounts)
+
+    @property
+    def k_cmp(self) -> Tensor | None:
+        """Compressed keys `[B, n_cmp, Hkv, dk]` (a view), None before the first prefill/step."""
+        return self.cmp[0].view() if self.cmp[0].data is not None else None
+
+    @property
+    def v_cmp(self) -> Tensor | None:
+        return self.cmp[1].view() if self.cmp[1].data is not None else None
 
 
 class NSAAttention(nn.Module):
@@ -102,8 +111,8 @@ class NSAAttention(nn.Module):
     (or start empty), then `y_t = attn.step(x_t, cache)` for `x_t [B, 1, dim]`; every step output
     equals the prefill output at that position. `cache.reads` holds the last step's read counts.
     `backend` applies to the sliding and compressed branches (`"auto"`: nsa.dispatch thresholds);
-    `backend="triton"` runs the fused Triton compressed+scores kernel and the Triton selection
-    kernel in prefill (decode keeps the gather path), with sliding through `auto`.
+    `backend="triton"` runs the Triton compressed+scores kernel, Triton top-n and the Triton
+    selection kernel, in prefill and in decode, with sliding through `auto`.
     """
 
     def __init__(self, config: NSAConfig, *, backend: str = "auto") -> None:
@@ -182,32 +191,40 @@ class NSAAttention(nn.Module):
 
     def _attend_triton(self, q: Tensor, kv: dict[str, tuple[Tensor, Tensor]], gates: Tensor,
                        branches: Sequence[str], q_start: int = 0) -> Tensor:
-        """The fast path: one fused Triton kernel gives the compressed output and the selection
-        scores, top-n on the GPU, the group-centric Triton selection kernel, and the sliding branch
-        through `auto` dispatch (FA-2 above its threshold). Same semantics as `attend`."""
-        from nsa.backends import triton_nsa
-        from nsa.selection import select_from_scores
-
+        """The fast path: one group-centric Triton kernel gives the compressed output and the
+        selection scores, Triton top-n, the group-centric Triton selection kernel, and the sliding
+        branch through `auto` dispatch (FA-2 above its threshold). Same semantics as `attend`."""
         c = self.config
         out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
         if {"cmp", "sel"} & set(branches):
             kc, vc = self.compress(*kv[self._kv_name("cmp")])
-            o_cmp, scores = triton_nsa.compressed_and_scores(
-                q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, scale=c.softmax_scale,
-                q_start=q_start, scores="sel" in branches)
-            if "cmp" in branches:
+            o_cmp, o_sel, _ = self._cmp_sel_triton(q, kc, vc, kv[self._kv_name("sel")], branches, q_start)
+            if o_cmp is not None:
                 out = out + gates[..., 0:1] * o_cmp
-            if "sel" in branches:
-                idx = select_from_scores(scores, q_start, sel_block=c.sel_block, sel_count=c.sel_count)
-                k_s, v_s = kv[self._kv_name("sel")]
-                o = ops.selected_attention(q, k_s, v_s, idx, sel_block=c.sel_block, scale=c.softmax_scale,
-                                           backend="triton", q_start=q_start)
-                out = out + gates[..., 1:2] * o
+            if o_sel is not None:
+                out = out + gates[..., 1:2] * o_sel
         if "win" in branches:
             k_w, v_w = kv[self._kv_name("win")]
             o = ops.sliding_window_attention(q, k_w, v_w, window=c.window, scale=c.softmax_scale, backend="auto")
             out = out + gates[..., 2:3] * o
         return out
+
+    def _cmp_sel_triton(self, q: Tensor, kc: Tensor, vc: Tensor, kv_sel: tuple[Tensor, Tensor],
+                        branches: Sequence[str], q_start: int) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """Compressed output, selected output and block indices on the Triton kernels (prefill
+        chunk or one decode step at `q_start`); `None` for a branch not asked for."""
+        from nsa.backends import triton_nsa
+
+        c = self.config
+        o_cmp, scores = triton_nsa.compressed_and_scores(
+            q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, scale=c.softmax_scale,
+            q_start=q_start, scores="sel" in branches)
+        if "sel" not in branches:
+            return o_cmp, None, None
+        idx = triton_nsa.topn(scores, q_start, sel_block=c.sel_block, sel_count=c.sel_count)
+        o_sel = ops.selected_attention(q, *kv_sel, idx, sel_block=c.sel_block, scale=c.softmax_scale,
+                                       backend="triton", q_start=q_start)
+        return (o_cmp if "cmp" in branches else None), o_sel, idx
 
     def _out(self, o: Tensor) -> Tensor:
         return self.o_proj(o.reshape(*o.shape[:2], -1))
@@ -239,7 +256,8 @@ class NSAAttention(nn.Module):
         for name, (kb, vb) in cache.raw.items():
             kb.append(kv[name][0])
             vb.append(kv[name][1])
-        cache.k_cmp, cache.v_cmp = self.compress(*kv[self._kv_name("cmp")])
+        for buf, x_cmp in zip(cache.cmp, self.compress(*kv[self._kv_name("cmp")]), strict=True):
+            buf.append(x_cmp)
         cache.length = x.shape[1]
         return y, cache
 
@@ -248,7 +266,8 @@ class NSAAttention(nn.Module):
         """One decode step: `x_t [B, 1, dim]` at position `t = cache.length` -> `[B, 1, dim]`.
 
         Reads: the compressed stream (`n_cmp(t)` tokens), the selected blocks' raw tokens `<= t`
-        (gathered, nothing else of the raw cache is touched) and the last `min(w, t+1)` tokens.
+        (gathered, or read in place by the Triton kernel; nothing else of the raw cache is touched)
+        and the last `min(w, t+1)` tokens.
         """
         c = self.config
         _check_input(x_t, c)
@@ -263,12 +282,23 @@ class NSAAttention(nn.Module):
         self._extend_compressed(cache, t)
         reads = ReadCounts()
         out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
-        if "cmp" in branches:
+        fused = self.backend == "triton" and bool({"cmp", "sel"} & set(branches))
+        if fused:
+            kb, vb = cache.raw[self._kv_name("sel")]
+            o_cmp, o_sel, idx = self._cmp_sel_triton(q, cache.k_cmp, cache.v_cmp, (kb.view(), vb.view()),
+                                                     branches, t)
+            if o_cmp is not None:
+                reads.cmp = cache.k_cmp.shape[1]
+                out = out + gates[..., 0:1] * o_cmp
+            if o_sel is not None:
+                reads.sel_blocks, reads.sel = idx, _selected_reads(idx, t, c.sel_block)
+                out = out + gates[..., 1:2] * o_sel
+        if "cmp" in branches and not fused:
             o = ops.compressed_attention(q, cache.k_cmp, cache.v_cmp, block=c.cmp_block, stride=c.cmp_stride,
                                          scale=c.softmax_scale, backend=self.backend, q_start=t)
             reads.cmp = cache.k_cmp.shape[1]
             out = out + gates[..., 0:1] * o
-        if "sel" in branches:
+        if "sel" in branches and not fused:
             idx = ops.select_blocks(q, cache.k_cmp, block=c.cmp_block, stride=c.cmp_stride,
                                     sel_block=c.sel_block, sel_count=c.sel_count, scale=c.softmax_scale,
                                     q_start=t)
@@ -292,20 +322,27 @@ class NSAAttention(nn.Module):
         c = self.config
         if cache.k_cmp is None:
             kb, vb = cache.raw[self._kv_name("cmp")]
-            empty_k = kb.view()[:, :0]
-            cache.k_cmp = empty_k.new_empty(empty_k.shape[0], 0, c.n_kv_heads, c.head_dim_qk)
-            cache.v_cmp = empty_k.new_empty(empty_k.shape[0], 0, c.n_kv_heads, c.head_dim_v)
+            cache.cmp[0].append(kb.view()[:, :0])
+            cache.cmp[1].append(vb.view()[:, :0])
         if t + 1 < c.cmp_block or (t + 1 - c.cmp_block) % c.cmp_stride:
             return
         kb, vb = cache.raw[self._kv_name("cmp")]
         nk, nv = self.compress(kb.view(c.cmp_block), vb.view(c.cmp_block))
-        cache.k_cmp = torch.cat([cache.k_cmp, nk], dim=1)
-        cache.v_cmp = torch.cat([cache.v_cmp, nv], dim=1)
+        cache.cmp[0].append(nk)
+        cache.cmp[1].append(nv)
 
 
 def _sel_backend(backend: str) -> str:
     # FA-2 has no selected-attention path; an explicit fa2 module backend keeps sdpa for selection.
     return "sdpa" if backend in ("fa2", "flash_attn", "torch_fa2") else backend
+
+
+def _selected_reads(idx: Tensor, t: int, sel_block: int) -> Tensor:
+    """Raw tokens the selection kernel reads for the step at `t`, `[B, Hkv]`: those of its selected
+    blocks that are `<= t` (the kernel's own mask rule), counted from the indices it was given."""
+    blocks = idx[:, 0].long()                                                # [B, Hkv, n]
+    per_block = (t - blocks * sel_block + 1).clamp(0, sel_block)
+    return torch.where(blocks >= 0, per_block, torch.zeros_like(per_block)).sum(-1)
 
 
 def _selected_decode(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, t: int, sel_block: int,

@@ -41,13 +41,12 @@ def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any]):
 
     from nsa import ops
     from nsa.backends import triton_nsa
-    from nsa.selection import select_from_scores
 
     scale = q.shape[-1] ** -0.5
     kc, vc = ops.compress_kv(*kv["cmp"], block=p["block"], stride=p["stride"])
     o_cmp, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=p["block"], stride=p["stride"],
                                                      sel_block=p["sel_block"], scale=scale)
-    idx = select_from_scores(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])
+    idx = triton_nsa.topn(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])
     o_sel = ops.selected_attention(q, *kv["sel"], idx, sel_block=p["sel_block"], backend="triton")
     fa2_ok = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == kv["win"][1].shape[-1]
     win_backend = "fa2" if fa2_ok else "sdpa"
@@ -93,9 +92,8 @@ def build(cell: Cell, device) -> Workload:
 def _fast_idx(q, kv, p):
     from nsa import ops
     from nsa.backends import triton_nsa
-    from nsa.selection import select_from_scores
 
     kc, vc = ops.compress_kv(*kv["cmp"], block=p["block"], stride=p["stride"])
     _, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=p["block"], stride=p["stride"],
                                                  sel_block=p["sel_block"], scale=q.shape[-1] ** -0.5)
-    return select_from_scores(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])
+    return triton_nsa.topn(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])

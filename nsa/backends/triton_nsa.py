@@ -5,10 +5,15 @@ loads the queries of all heads of the group together (head tile padded to 16 for
 streams the selected blocks' keys/values and keeps an online softmax; tokens after t inside
 the current block are masked. Reads per program: `n * l'` keys and values of one KV head.
 
-`compressed_and_scores`: one pass pair over the compressed keys per (query tile, KV group, head)
-that produces both the compressed branch's output and the selection scores (Eq. 9-10: the
-softmax probabilities mapped to selection blocks by token overlap and summed over the group's
-heads) without materialising `[T, Tc]` in HBM. Writes `[B, T, Hkv, Nb]` fp32 scores.
+`compressed_and_scores`: group-centric too: one program per (BTQ queries, KV group) holds every
+(query, head) row of the group, so each compressed key/value tile is loaded once for all heads.
+Two passes over the visible compressed keys (softmax stats, then output); the second also forms
+the selection scores (Eq. 9-10: probabilities summed over the group's heads, then mapped to
+selection blocks by token overlap, in fp32) and writes each `[BTQ, blocks]` tile once, never
+materialising `[T, Tc]` in HBM. Writes `[B, T, Hkv, Nb]` fp32 scores.
+
+`topn`: one program per score row; the spec's forced blocks and tie rule by repeated arg-max,
+no sort.
 
 Both run under `TRITON_INTERPRET=1` on CPU (tests), and on CUDA.
 """
@@ -117,125 +122,126 @@ if triton is not None:
                  mask=(offs_g[:, None] < G) & (offs_dv[None, :] < DV))
 
     @triton.jit
-    def _cmp_fwd(Q, KC, VC, Out, S, MS, IL,
-                 sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, ssb, sst, ssh,
-                 T, Tc, NB, q_start, scale,
-                 TC_ALL: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr, SEL: tl.constexpr,
-                 DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BNB: tl.constexpr,
-                 BDK: tl.constexpr, BDV: tl.constexpr, SCORES: tl.constexpr, IEEE: tl.constexpr,
-                 DYN_LOOP: tl.constexpr):
-        pid_t = tl.program_id(0)
+    def _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale,
+                    BC: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, IEEE: tl.constexpr):
+        """Scaled Q·Kc logits of one compressed tile `[c0, c0 + BC)`; -inf where invisible."""
+        offs_c = c0 + tl.arange(0, BC)
+        offs_dk = tl.arange(0, BDK)
+        kc = tl.load(KC + kc_base + offs_c[:, None] * skt + offs_dk[None, :],
+                     mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
+        if IEEE:
+            qk = tl.dot(q, tl.trans(kc), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(kc))
+        return tl.where(offs_c[None, :] < nvis[:, None], qk * scale, float("-inf"))
+
+    @triton.jit
+    def _cmp_group(Q, KC, VC, Out, S,
+                   sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, ssb, sst, ssh,
+                   T, Tc, NB, q_start, scale,
+                   TC_ALL: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+                   BTQ: tl.constexpr, L: tl.constexpr, D: tl.constexpr, SEL: tl.constexpr,
+                   DK: tl.constexpr, DV: tl.constexpr, BC: tl.constexpr, BNB: tl.constexpr,
+                   BDK: tl.constexpr, BDV: tl.constexpr, SCORES: tl.constexpr, SCORE_DOT: tl.constexpr,
+                   IEEE: tl.constexpr, DYN_LOOP: tl.constexpr):
+        """Group-centric compressed attention (+ selection scores): one program per (BTQ queries,
+        KV group); its BTQ * GP rows are every (query, head) pair of the group, so each compressed
+        tile is loaded once for all heads. Pass 1: softmax stats. Pass 2: output and, with SCORES,
+        the Eq. 9-10 group scores: probabilities summed over heads, then mapped to selection
+        blocks by overlap, written once per tile."""
+        M: tl.constexpr = BTQ * GP
+        n_tiles = tl.cdiv(T, BTQ)
+        pid_t = n_tiles - 1 - tl.program_id(0)        # heaviest (latest) tiles first
         bh = tl.program_id(1)
         b = bh // HKV
         h = bh % HKV
-        offs_t = pid_t * BT + tl.arange(0, BT)
+        rows = tl.arange(0, M)
+        offs_t = pid_t * BTQ + rows // GP
+        g = rows % GP
+        row_ok = (offs_t < T) & (g < G)
         t_abs = q_start + offs_t
-        row_ok = offs_t < T
         nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
         nvis = tl.where(row_ok, tl.minimum(nvis, Tc), 0)
         # Causal: the tile's last query sees the most compressed tokens, so the loops stop there.
         # (Under the interpreter the bound must be a host int: TC_ALL; masks keep the result exact.)
-        t_last = q_start + tl.minimum(pid_t * BT + BT, T) - 1
+        t_last = q_start + tl.minimum(pid_t * BTQ + BTQ, T) - 1
         max_vis = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
         offs_dk = tl.arange(0, BDK)
         offs_dv = tl.arange(0, BDV)
-        for g in range(G):
-            hq = h * G + g
-            q = tl.load(Q + b * sqb + offs_t[:, None] * sqt + hq * sqh + offs_dk[None, :],
-                        mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
-            m_i = tl.full([BT], float("-inf"), tl.float32)
-            l_i = tl.zeros([BT], tl.float32)
-            for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
-                offs_c = c0 + tl.arange(0, BC)
-                kc = tl.load(KC + b * skb + offs_c[:, None] * skt + h * skh + offs_dk[None, :],
-                             mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
-                if IEEE:
-                    qk = tl.dot(q, tl.trans(kc), input_precision="ieee")
-                else:
-                    qk = tl.dot(q, tl.trans(kc))
-                qk = tl.where(offs_c[None, :] < nvis[:, None], qk * scale, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(qk, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                l_i = l_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(qk - m_safe[:, None]), 1)
-                m_i = m_new
-            m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
-            inv_l = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)
-            acc = tl.zeros([BT, BDV], tl.float32)
-            for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
-                offs_c = c0 + tl.arange(0, BC)
-                kc = tl.load(KC + b * skb + offs_c[:, None] * skt + h * skh + offs_dk[None, :],
-                             mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
-                if IEEE:
-                    qk = tl.dot(q, tl.trans(kc), input_precision="ieee")
-                else:
-                    qk = tl.dot(q, tl.trans(kc))
-                qk = tl.where(offs_c[None, :] < nvis[:, None], qk * scale, float("-inf"))
-                p = tl.exp(qk - m_safe[:, None]) * inv_l[:, None]          # exact p_cmp, 0 where invisible
-                vc = tl.load(VC + b * svb + offs_c[:, None] * svt + h * svh + offs_dv[None, :],
-                             mask=(offs_c[:, None] < Tc) & (offs_dv[None, :] < DV), other=0.0)
-                if IEEE:
-                    acc += tl.dot(p, vc.to(tl.float32), input_precision="ieee")
-                else:
-                    acc += tl.dot(p.to(vc.dtype), vc)
-            tl.store(Out + b * sob + offs_t[:, None] * sot + hq * soh + offs_dv[None, :],
-                     acc.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
+        heads = h * G + g
+        q = tl.load(Q + b * sqb + offs_t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
+                    mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+        kc_base = b * skb + h * skh
+        m_i = tl.full([M], float("-inf"), tl.float32)
+        l_i = tl.zeros([M], tl.float32)
+        for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
+            qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE)
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            l_i = l_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(qk - m_safe[:, None]), 1)
+            m_i = m_new
+        m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+        inv_l = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)
+        acc = tl.zeros([M, BDV], tl.float32)
+        t_first = pid_t * BTQ + tl.arange(0, BTQ)
+        for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
+            qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE)
+            p = tl.exp(qk - m_safe[:, None]) * inv_l[:, None]          # exact p_cmp, 0 where invisible
+            offs_c = c0 + tl.arange(0, BC)
+            vc = tl.load(VC + b * svb + offs_c[:, None] * svt + h * svh + offs_dv[None, :],
+                         mask=(offs_c[:, None] < Tc) & (offs_dv[None, :] < DV), other=0.0)
+            if IEEE:
+                acc += tl.dot(p, vc.to(tl.float32), input_precision="ieee")
+            else:
+                acc += tl.dot(p.to(vc.dtype), vc)
             if SCORES:
-                # Softmax stats per (query, head) for the scores kernel: [B, T, Hq] fp32.
-                stat = b * (T * HKV * G) + offs_t * (HKV * G) + hq
-                tl.store(MS + stat, m_safe, mask=row_ok)
-                tl.store(IL + stat, inv_l, mask=row_ok)
+                ps = tl.sum(tl.reshape(p, [BTQ, GP, BC]), 1)              # Eq. 10: sum over the group
+                # Overlap of compressed token i [i*D, i*D+L) with selection block j [j*SEL, (j+1)*SEL).
+                jb = (c0 * D) // SEL
+                offs_j = jb + tl.arange(0, BNB)
+                lo = tl.maximum(offs_c[:, None] * D, offs_j[None, :] * SEL)
+                hi = tl.minimum(offs_c[:, None] * D + L, (offs_j[None, :] + 1) * SEL)
+                w = tl.maximum(hi - lo, 0).to(tl.float32)
+                if SCORE_DOT:
+                    tot = tl.dot(ps, w, input_precision="ieee")                 # ranks need full fp32
+                else:
+                    tot = tl.sum(ps[:, :, None] * w[None, :, :], 1)          # exact fp32, [BTQ, BNB]
+                ptr = S + b * ssb + t_first[:, None] * sst + h * ssh + offs_j[None, :]
+                smask = (t_first[:, None] < T) & (offs_j[None, :] < NB)
+                old = tl.load(ptr, mask=smask, other=0.0)
+                tl.store(ptr, old + tot, mask=smask)
+                tl.debug_barrier()   # the next tile's blocks overlap this one's
+        tl.store(Out + b * sob + offs_t[:, None] * sot + heads[:, None] * soh + offs_dv[None, :],
+                 acc.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
 
     @triton.jit
-    def _cmp_scores(Q, KC, S, MS, IL,
-                    sqb, sqt, sqh, skb, skt, skh, ssb, sst, ssh,
-                    T, Tc, NB, q_start, scale,
-                    TC_ALL: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
-                    SEL: tl.constexpr, DK: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BNB: tl.constexpr,
-                    BDK: tl.constexpr, IEEE: tl.constexpr, DYN_LOOP: tl.constexpr):
-        """Group scores: for each compressed tile, sum over the group's heads of p_cmp @ overlap,
-        accumulated in registers and added to the output once per tile (not once per head)."""
-        pid_t = tl.program_id(0)
+    def _topn(S, IDX, ssb, sst, ssh, sib, sit, sih, NB, q_start,
+              HKV: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, BNB: tl.constexpr, BN: tl.constexpr):
+        """One row of group scores -> its `N` blocks: forced block 0, current and previous; then the
+        highest scores among candidates `j <= t // SEL`, ties to the lower index; ascending, -1 pad."""
+        t = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // HKV
         h = bh % HKV
-        offs_t = pid_t * BT + tl.arange(0, BT)
-        t_abs = q_start + offs_t
-        row_ok = offs_t < T
-        nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
-        nvis = tl.where(row_ok, tl.minimum(nvis, Tc), 0)
-        t_last = q_start + tl.minimum(pid_t * BT + BT, T) - 1
-        max_vis = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
-        offs_dk = tl.arange(0, BDK)
-        for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
-            offs_c = c0 + tl.arange(0, BC)
-            kc = tl.load(KC + b * skb + offs_c[:, None] * skt + h * skh + offs_dk[None, :],
-                         mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
-            # Overlap of compressed token i [i*D, i*D+L) with selection block j [j*SEL, (j+1)*SEL).
-            jb = (c0 * D) // SEL
-            offs_j = jb + tl.arange(0, BNB)
-            lo = tl.maximum(offs_c[:, None] * D, offs_j[None, :] * SEL)
-            hi = tl.minimum(offs_c[:, None] * D + L, (offs_j[None, :] + 1) * SEL)
-            w = tl.maximum(hi - lo, 0).to(tl.float32)
-            tot = tl.zeros([BT, BNB], tl.float32)
-            for g in range(G):
-                hq = h * G + g
-                q = tl.load(Q + b * sqb + offs_t[:, None] * sqt + hq * sqh + offs_dk[None, :],
-                            mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
-                stat = b * (T * HKV * G) + offs_t * (HKV * G) + hq
-                m = tl.load(MS + stat, mask=row_ok, other=0.0)
-                il = tl.load(IL + stat, mask=row_ok, other=0.0)
-                if IEEE:
-                    qk = tl.dot(q, tl.trans(kc), input_precision="ieee")
-                else:
-                    qk = tl.dot(q, tl.trans(kc))
-                qk = tl.where(offs_c[None, :] < nvis[:, None], qk * scale, float("-inf"))
-                p = tl.exp(qk - m[:, None]) * il[:, None]
-                tot += tl.dot(p, w, input_precision="ieee")               # ranks need full fp32
-            ptr = S + b * ssb + offs_t[:, None] * sst + h * ssh + offs_j[None, :]
-            smask = row_ok[:, None] & (offs_j[None, :] < NB)
-            old = tl.load(ptr, mask=smask, other=0.0)
-            tl.store(ptr, old + tot, mask=smask)
-            tl.debug_barrier()   # the next tile's window overlaps this one's blocks
+        cur = (q_start + t) // SEL
+        j = tl.arange(0, BNB)
+        s = tl.load(S + b * ssb + t * sst + h * ssh + j, mask=j < NB, other=0.0)
+        forced = (j == 0) | (j == cur) | (j == cur - 1)
+        s = tl.where(forced, float("inf"), s)
+        s = tl.where(j <= cur, s, float("-inf"))
+        chosen = j < 0
+        for _ in range(N):
+            best = tl.max(s, 0)
+            first = tl.min(tl.where(s == best, j, BNB), 0)
+            pick = (j == first) & (s > float("-inf"))
+            chosen = chosen | pick
+            s = tl.where(pick, float("-inf"), s)
+        slot = tl.cumsum(chosen.to(tl.int32), 0) - 1
+        base = IDX + b * sib + t * sit + h * sih
+        tl.store(base + slot, j, mask=chosen)
+        count = tl.sum(chosen.to(tl.int32), 0)
+        offs_n = tl.arange(0, BN)
+        tl.store(base + offs_n, tl.full([BN], -1, tl.int32), mask=(offs_n >= count) & (offs_n < N))
 
 
 def selected(call: AttnCall) -> Tensor:
@@ -255,6 +261,16 @@ def selected(call: AttnCall) -> Tensor:
     return o
 
 
+def _cmp_tiles(tq: int, group: int) -> tuple[int, int, int]:
+    """(queries per program, padded group, compressed tile): rows = queries x padded heads, >= 16
+    for tl.dot, 128 on the GPU (16 under the interpreter, which is slow per element)."""
+    gp = triton.next_power_of_2(group)
+    rows = 16 if _interpret() else 128
+    btq = max(1, rows // gp)
+    btq = max(max(1, 16 // gp), min(btq, triton.next_power_of_2(tq)))   # decode: few queries
+    return btq, gp, 16 if _interpret() else 64
+
+
 def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int, stride: int, sel_block: int,
                           scale: float, q_start: int = 0, scores: bool = True) -> tuple[Tensor, Tensor | None]:
     """Compressed-branch output `[B, Tq, Hq, Dv]` and group scores `[B, Tq, Hkv, Nb]` (fp32) in one kernel.
@@ -270,24 +286,33 @@ def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int
     if tc == 0:
         o.zero_()
         return o, s if scores else None
-    bt, bc = (16, 16) if _interpret() else (64, 64)
+    group = hq // hkv
+    btq, gp, bc = _cmp_tiles(tq, group)
     bnb = _np2((bc * stride + block) // sel_block + 2, 16)
-    stats = (torch.empty(b, tq, hq, dtype=torch.float32, device=q.device) if scores else s,
-             torch.empty(b, tq, hq, dtype=torch.float32, device=q.device) if scores else s)
-    grid = (triton.cdiv(tq, bt), b * hkv)
-    common = dict(TC_ALL=tc if _interpret() else 0, HKV=hkv, G=hq // hkv, L=block, D=stride, DK=dk, BT=bt, BC=bc,
-                  BDK=_np2(dk), IEEE=q.dtype == torch.float32, DYN_LOOP=not _interpret())
-    _cmp_fwd[grid](
-        q, k_cmp, v_cmp, o, s, *stats, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
+    _cmp_group[(triton.cdiv(tq, btq), b * hkv)](
+        q, k_cmp, v_cmp, o, s, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
         k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), o.stride(0), o.stride(1), o.stride(2),
         s.stride(0), s.stride(1), s.stride(2), tq, tc, nb, q_start, scale,
-        SEL=sel_block, DV=dv, BNB=bnb, BDV=_np2(dv), SCORES=scores, **common)
-    if scores:
-        _cmp_scores[grid](
-            q, k_cmp, s, *stats, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
-            k_cmp.stride(2), s.stride(0), s.stride(1), s.stride(2), tq, tc, nb, q_start, scale,
-            SEL=sel_block, BNB=bnb, **common)
+        TC_ALL=tc if _interpret() else 0, HKV=hkv, G=group, GP=gp, BTQ=btq, L=block, D=stride, SEL=sel_block,
+        DK=dk, DV=dv, BC=bc, BNB=bnb, BDK=_np2(dk), BDV=_np2(dv), SCORES=scores, SCORE_DOT=btq >= 16,
+        IEEE=q.dtype == torch.float32, DYN_LOOP=not _interpret(), num_warps=8 if btq * gp >= 128 else 4)
     return o, s if scores else None
+
+
+def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int) -> Tensor:
+    """Top-n block indices `[B, Tq, Hkv, sel_count]` (int32) from group scores `[B, Tq, Hkv, Nb]`:
+    the rule of `nsa.selection.select_topn` (forced blocks, candidates `j <= t // l'`, ties to
+    the lower index, ascending, -1 padded), one program per row, no sort and no scratch."""
+    b, tq, hkv, nb = scores.shape
+    scores = scores if scores.stride(-1) == 1 else scores.contiguous()
+    idx = torch.empty(b, tq, hkv, sel_count, dtype=torch.int32, device=scores.device)
+    if tq == 0:
+        return idx
+    bnb = _np2(nb, 16)
+    _topn[(tq, b * hkv)](scores, idx, scores.stride(0), scores.stride(1), scores.stride(2), idx.stride(0),
+                         idx.stride(1), idx.stride(2), nb, q_start, HKV=hkv, SEL=sel_block, N=sel_count,
+                         BNB=bnb, BN=_np2(sel_count, 16), num_warps=4 if bnb >= 1024 else 1)
+    return idx
 
 
 def compressed(call: AttnCall) -> Tensor:

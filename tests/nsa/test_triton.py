@@ -64,6 +64,9 @@ def test_triton_module_matches_oracle(seed):
         for t in range(53):
             y = m.step(x[:, t:t + 1], cache)
         assert rel_err(y, ref[:, -1:]) < 1e-5
+        # Reads at t = 52 (spec): cmp (53 - 8) // 4 + 1 = 12; sel (4 - 1) * 16 + 52 % 16 + 1 = 53.
+        assert cache.reads.cmp == 12
+        assert cache.reads.sel.tolist() == [[53, 53], [53, 53]]
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="bf16 tensor-core path needs CUDA")
@@ -87,3 +90,20 @@ def test_triton_bf16_paper_shapes_on_gpu(seed):
 def test_interpreter_flag_is_what_cpu_runs_use():
     if DEV == "cpu":
         assert os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.parametrize("q_start", [0, 40])
+def test_triton_topn_matches_select_topn(q_start, seed):
+    """Same blocks as the PyTorch rule, including ties (scores drawn from a few values), rows with
+    fewer candidates than n (-1 padding) and a decode-like q_start."""
+    from nsa.selection import select_topn
+
+    b, tq, hkv, sel_block, n = 2, 29, 3, 4, 5
+    nb = (q_start + tq - 1) // sel_block + 1
+    scores = torch.randint(0, 4, (b, tq, hkv, nb), device=DEV).float() / 4
+    ours = triton_nsa.topn(scores, q_start, sel_block=sel_block, sel_count=n)
+    q_pos = torch.arange(q_start, q_start + tq, device=DEV)
+    want = select_topn(scores.permute(0, 2, 1, 3), q_pos, sel_block=sel_block, sel_count=n)
+    assert torch.equal(ours.long(), want.long())
+    if q_start == 0:
+        assert (ours[:, :2] == -1).any(), "early rows have fewer candidates than n: the -1 padding is exercised"
