@@ -2,8 +2,9 @@
 
     python bench/nsa_breakdown.py --T 65536 [--json out.json]
 
-Stages: avg compression, the fused Triton compressed+scores kernel, top-n, the Triton selection
-kernel, sliding (FA-2), gated sum; and dense causal FA-2 / cuDNN for scale. Paper layout
+Stages: avg compression, the Triton compressed+scores kernel, top-n (Triton, and the torch rule),
+the Triton selection kernel (alone, and with the gated-sum epilogue), sliding (FA-2), the torch
+gated sum, the whole forward as the fast suite times it; and dense causal FA-2 / cuDNN for scale. Paper layout
 (64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16 w=512), bf16, B=1.
 """
 
@@ -18,6 +19,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+PARAMS = {"block": 32, "stride": 16, "sel_block": 64, "sel_count": 16, "window": 512}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--T", type=int, default=65536)
@@ -28,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from bench.suites.fast import nsa_triton
     from bench.timing import Timer, measure
     from nsa import ops
     from nsa.backends import triton_nsa
@@ -65,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         "top-n (torch, select_from_scores)": lambda: select_from_scores(scores, 0, sel_block=64, sel_count=16),
         "selected attention (triton)": lambda: ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton"),
         "sliding w=512 (fa2)": lambda: ops.sliding_window_attention(q, k, v, window=512, backend="fa2"),
-        "gated sum": lambda: gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win,
+        "gated sum (torch)": lambda: gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win,
+        "selected + gated sum (triton)": lambda: triton_nsa.selected_gated(
+            q, k, v, idx, sel_block=64, scale=128 ** -0.5, gates=gates, o_cmp=o_cmp, o_win=o_win),
+        "NSA forward total (bench.suites.fast)": lambda: nsa_triton(q, {"cmp": (k, v), "sel": (k, v), "win": (k, v)},
+                                                                    gates, PARAMS),
         "dense causal FA-2": dense(SDPBackend.FLASH_ATTENTION),
         "dense causal cuDNN": dense(SDPBackend.CUDNN_ATTENTION),
     }

@@ -192,39 +192,48 @@ class NSAAttention(nn.Module):
     def _attend_triton(self, q: Tensor, kv: dict[str, tuple[Tensor, Tensor]], gates: Tensor,
                        branches: Sequence[str], q_start: int = 0) -> Tensor:
         """The fast path: one group-centric Triton kernel gives the compressed output and the
-        selection scores, Triton top-n, the group-centric Triton selection kernel, and the sliding
-        branch through `auto` dispatch (FA-2 above its threshold). Same semantics as `attend`."""
+        selection scores, Triton top-n, the sliding branch through `auto` dispatch (FA-2 above its
+        threshold), then the group-centric Triton selection kernel, which also does the gated sum
+        when all three branches run. Same semantics as `attend`."""
+        from nsa.backends import triton_nsa
+
         c = self.config
-        out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
+        o_cmp = idx = o_win = None
         if {"cmp", "sel"} & set(branches):
             kc, vc = self.compress(*kv[self._kv_name("cmp")])
-            o_cmp, o_sel, _ = self._cmp_sel_triton(q, kc, vc, kv[self._kv_name("sel")], branches, q_start)
-            if o_cmp is not None:
-                out = out + gates[..., 0:1] * o_cmp
-            if o_sel is not None:
-                out = out + gates[..., 1:2] * o_sel
+            o_cmp, idx = self._cmp_topn_triton(q, kc, vc, branches, q_start)
         if "win" in branches:
             k_w, v_w = kv[self._kv_name("win")]
-            o = ops.sliding_window_attention(q, k_w, v_w, window=c.window, scale=c.softmax_scale, backend="auto")
-            out = out + gates[..., 2:3] * o
+            o_win = ops.sliding_window_attention(q, k_w, v_w, window=c.window, scale=c.softmax_scale,
+                                                 backend="auto")
+        k_s, v_s = kv[self._kv_name("sel")]
+        if o_cmp is not None and idx is not None and o_win is not None:
+            return triton_nsa.selected_gated(q, k_s, v_s, idx, sel_block=c.sel_block, scale=c.softmax_scale,
+                                             gates=gates, o_cmp=o_cmp, o_win=o_win, q_start=q_start)
+        out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
+        if o_cmp is not None:
+            out = out + gates[..., 0:1] * o_cmp
+        if idx is not None:
+            o_sel = ops.selected_attention(q, k_s, v_s, idx, sel_block=c.sel_block, scale=c.softmax_scale,
+                                           backend="triton", q_start=q_start)
+            out = out + gates[..., 1:2] * o_sel
+        if o_win is not None:
+            out = out + gates[..., 2:3] * o_win
         return out
 
-    def _cmp_sel_triton(self, q: Tensor, kc: Tensor, vc: Tensor, kv_sel: tuple[Tensor, Tensor],
-                        branches: Sequence[str], q_start: int) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        """Compressed output, selected output and block indices on the Triton kernels (prefill
-        chunk or one decode step at `q_start`); `None` for a branch not asked for."""
+    def _cmp_topn_triton(self, q: Tensor, kc: Tensor, vc: Tensor, branches: Sequence[str],
+                         q_start: int) -> tuple[Tensor | None, Tensor | None]:
+        """Compressed output and selected block indices on the Triton kernels (a prefill chunk or
+        one decode step at `q_start`); `None` for a branch not asked for."""
         from nsa.backends import triton_nsa
 
         c = self.config
         o_cmp, scores = triton_nsa.compressed_and_scores(
             q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, scale=c.softmax_scale,
             q_start=q_start, scores="sel" in branches)
-        if "sel" not in branches:
-            return o_cmp, None, None
-        idx = triton_nsa.topn(scores, q_start, sel_block=c.sel_block, sel_count=c.sel_count)
-        o_sel = ops.selected_attention(q, *kv_sel, idx, sel_block=c.sel_block, scale=c.softmax_scale,
-                                       backend="triton", q_start=q_start)
-        return (o_cmp if "cmp" in branches else None), o_sel, idx
+        idx = None if scores is None else triton_nsa.topn(scores, q_start, sel_block=c.sel_block,
+                                                          sel_count=c.sel_count)
+        return (o_cmp if "cmp" in branches else None), idx
 
     def _out(self, o: Tensor) -> Tensor:
         return self.o_proj(o.reshape(*o.shape[:2], -1))
@@ -284,15 +293,16 @@ class NSAAttention(nn.Module):
         out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
         fused = self.backend == "triton" and bool({"cmp", "sel"} & set(branches))
         if fused:
-            kb, vb = cache.raw[self._kv_name("sel")]
-            o_cmp, o_sel, idx = self._cmp_sel_triton(q, cache.k_cmp, cache.v_cmp, (kb.view(), vb.view()),
-                                                     branches, t)
+            o_cmp, idx = self._cmp_topn_triton(q, cache.k_cmp, cache.v_cmp, branches, t)
             if o_cmp is not None:
                 reads.cmp = cache.k_cmp.shape[1]
                 out = out + gates[..., 0:1] * o_cmp
-            if o_sel is not None:
+            if idx is not None:
+                kb, vb = cache.raw[self._kv_name("sel")]
+                o = ops.selected_attention(q, kb.view(), vb.view(), idx, sel_block=c.sel_block,
+                                           scale=c.softmax_scale, backend="triton", q_start=t)
                 reads.sel_blocks, reads.sel = idx, _selected_reads(idx, t, c.sel_block)
-                out = out + gates[..., 1:2] * o_sel
+                out = out + gates[..., 1:2] * o
         if "cmp" in branches and not fused:
             o = ops.compressed_attention(q, cache.k_cmp, cache.v_cmp, block=c.cmp_block, stride=c.cmp_stride,
                                          scale=c.softmax_scale, backend=self.backend, q_start=t)

@@ -2,8 +2,8 @@
 
 Cells (paper layout: 64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16 w=512, separate K/V):
 - `nsa_prefill`: NSA attention forward, projections excluded (avg compression, fused Triton
-  compressed-attention + selection scores, top-n on the GPU, Triton selection kernel, sliding
-  through FA-2 (torch's or flash-attn) on CUDA, gated sum), against dense causal SDPA restricted
+  compressed-attention + selection scores, Triton top-n, sliding through FA-2 (torch's or
+  flash-attn) on CUDA, Triton selection kernel whose epilogue forms the gated sum), against dense causal SDPA restricted
   to its flash (FA-2) and cuDNN backends.
 - `selected`: the Triton selection kernel alone (blocks chosen by the real scores, outside the
   timed call) against the same dense baselines.
@@ -47,11 +47,12 @@ def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any]):
     o_cmp, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=p["block"], stride=p["stride"],
                                                      sel_block=p["sel_block"], scale=scale)
     idx = triton_nsa.topn(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])
-    o_sel = ops.selected_attention(q, *kv["sel"], idx, sel_block=p["sel_block"], backend="triton")
     fa2_ok = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == kv["win"][1].shape[-1]
     win_backend = "fa2" if fa2_ok else "sdpa"
     o_win = ops.sliding_window_attention(q, *kv["win"], window=p["window"], backend=win_backend)
-    return gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win
+    # The selection kernel's epilogue forms the gated sum.
+    return triton_nsa.selected_gated(q, *kv["sel"], idx, sel_block=p["sel_block"], scale=scale, gates=gates,
+                                     o_cmp=o_cmp, o_win=o_win)
 
 
 def build(cell: Cell, device) -> Workload:

@@ -21,6 +21,7 @@ Both run under `TRITON_INTERPRET=1` on CPU (tests), and on CUDA.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -70,12 +71,13 @@ def _np2(x: int, floor: int = 16) -> int:
 if triton is not None:
 
     @triton.jit
-    def _sel_fwd(Q, K, V, IDX, Out,
+    def _sel_fwd(Q, K, V, IDX, Out, OC, OW, GT,
                  sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sib, sit, sih, sob, sot, soh,
+                 scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc,
                  T_k, q_start, k_start, scale,
                  HKV: tl.constexpr, G: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
                  DK: tl.constexpr, DV: tl.constexpr, BG: tl.constexpr, BDK: tl.constexpr,
-                 BDV: tl.constexpr, IEEE: tl.constexpr):
+                 BDV: tl.constexpr, IEEE: tl.constexpr, GATED: tl.constexpr):
         t = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // HKV
@@ -118,8 +120,18 @@ if triton is not None:
             m_i = m_new
         l_safe = tl.where(l_i == 0.0, 1.0, l_i)
         o = acc / l_safe[:, None]
+        omask = (offs_g[:, None] < G) & (offs_dv[None, :] < DV)
+        if GATED:
+            # Epilogue: the module's gated sum g_cmp * o_cmp + g_sel * o_sel + g_win * o_win, in fp32.
+            oc = tl.load(OC + b * scb + t * sct + heads[:, None] * sch + offs_dv[None, :], mask=omask, other=0.0)
+            ow = tl.load(OW + b * swb + t * swt + heads[:, None] * swh + offs_dv[None, :], mask=omask, other=0.0)
+            gate = GT + b * sgb + t * sgt + heads * sgh
+            g_cmp = tl.load(gate, mask=offs_g < G, other=0.0).to(tl.float32)
+            g_sel = tl.load(gate + sgc, mask=offs_g < G, other=0.0).to(tl.float32)
+            g_win = tl.load(gate + 2 * sgc, mask=offs_g < G, other=0.0).to(tl.float32)
+            o = g_cmp[:, None] * oc.to(tl.float32) + g_sel[:, None] * o + g_win[:, None] * ow.to(tl.float32)
         tl.store(Out + b * sob + t * sot + heads[:, None] * soh + offs_dv[None, :], o.to(Out.dtype.element_ty),
-                 mask=(offs_g[:, None] < G) & (offs_dv[None, :] < DV))
+                 mask=omask)
 
     @triton.jit
     def _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale,
@@ -136,14 +148,34 @@ if triton is not None:
         return tl.where(offs_c[None, :] < nvis[:, None], qk * scale, float("-inf"))
 
     @triton.jit
+    def _group_scores(p, offs_c, jb, BTQ: tl.constexpr, GP: tl.constexpr, BC: tl.constexpr, NBW: tl.constexpr,
+                      L: tl.constexpr, D: tl.constexpr, SEL: tl.constexpr, MODE: tl.constexpr):
+        """Eq. 9-10 for one compressed tile: `p [BTQ*GP, BC]` -> group scores of selection blocks
+        `jb + [0, NBW)`, `[BTQ, NBW]` fp32. w[i, j] = tokens shared by compressed token i
+        `[i*D, i*D+L)` and block j `[j*SEL, (j+1)*SEL)` (small integers, exact in any format).
+        MODE 0: sum heads, then an exact fp32 broadcast-sum; 1: sum heads, then an fp32 dot;
+        2: tensor-core dot in 3xTF32 (about fp32 accuracy), then sum heads."""
+        offs_j = jb + tl.arange(0, NBW)
+        lo = tl.maximum(offs_c[:, None] * D, offs_j[None, :] * SEL)
+        hi = tl.minimum(offs_c[:, None] * D + L, (offs_j[None, :] + 1) * SEL)
+        w = tl.maximum(hi - lo, 0).to(tl.float32)
+        if MODE == 2:
+            y = tl.dot(p, w, input_precision="tf32x3")
+            return tl.sum(tl.reshape(y, [BTQ, GP, NBW]), 1)
+        ps = tl.sum(tl.reshape(p, [BTQ, GP, BC]), 1)
+        if MODE == 1:
+            return tl.dot(ps, w, input_precision="ieee")
+        return tl.sum(ps[:, :, None] * w[None, :, :], 1)
+
+    @triton.jit
     def _cmp_group(Q, KC, VC, Out, S,
                    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, ssb, sst, ssh,
                    T, Tc, NB, q_start, scale,
                    TC_ALL: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
                    BTQ: tl.constexpr, L: tl.constexpr, D: tl.constexpr, SEL: tl.constexpr,
                    DK: tl.constexpr, DV: tl.constexpr, BC: tl.constexpr, BNB: tl.constexpr,
-                   BDK: tl.constexpr, BDV: tl.constexpr, SCORES: tl.constexpr, SCORE_DOT: tl.constexpr,
-                   IEEE: tl.constexpr, DYN_LOOP: tl.constexpr):
+                   BDK: tl.constexpr, BDV: tl.constexpr, SCORES: tl.constexpr, SCORE_MODE: tl.constexpr,
+                   SHIFT: tl.constexpr, IEEE: tl.constexpr, DYN_LOOP: tl.constexpr):
         """Group-centric compressed attention (+ selection scores): one program per (BTQ queries,
         KV group); its BTQ * GP rows are every (query, head) pair of the group, so each compressed
         tile is loaded once for all heads. Pass 1: softmax stats. Pass 2: output and, with SCORES,
@@ -184,6 +216,7 @@ if triton is not None:
         inv_l = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)
         acc = tl.zeros([M, BDV], tl.float32)
         t_first = pid_t * BTQ + tl.arange(0, BTQ)
+        carry = tl.zeros([BTQ, SHIFT if SHIFT > 0 else 1], tl.float32)
         for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
             qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE)
             p = tl.exp(qk - m_safe[:, None]) * inv_l[:, None]          # exact p_cmp, 0 where invisible
@@ -195,22 +228,29 @@ if triton is not None:
             else:
                 acc += tl.dot(p.to(vc.dtype), vc)
             if SCORES:
-                ps = tl.sum(tl.reshape(p, [BTQ, GP, BC]), 1)              # Eq. 10: sum over the group
-                # Overlap of compressed token i [i*D, i*D+L) with selection block j [j*SEL, (j+1)*SEL).
                 jb = (c0 * D) // SEL
-                offs_j = jb + tl.arange(0, BNB)
-                lo = tl.maximum(offs_c[:, None] * D, offs_j[None, :] * SEL)
-                hi = tl.minimum(offs_c[:, None] * D + L, (offs_j[None, :] + 1) * SEL)
-                w = tl.maximum(hi - lo, 0).to(tl.float32)
-                if SCORE_DOT:
-                    tot = tl.dot(ps, w, input_precision="ieee")                 # ranks need full fp32
+                if SHIFT > 0:
+                    # Blocks [jb, jb + SHIFT) are complete after this tile (the next one starts at
+                    # block jb + SHIFT); its spill into the next SHIFT blocks is carried in registers.
+                    own = carry + _group_scores(p, offs_c, jb, BTQ, GP, BC, SHIFT, L, D, SEL, SCORE_MODE)
+                    carry = _group_scores(p, offs_c, jb + SHIFT, BTQ, GP, BC, SHIFT, L, D, SEL, SCORE_MODE)
+                    offs_j = jb + tl.arange(0, SHIFT)
+                    tl.store(S + b * ssb + t_first[:, None] * sst + h * ssh + offs_j[None, :], own,
+                             mask=(t_first[:, None] < T) & (offs_j[None, :] < NB))
                 else:
-                    tot = tl.sum(ps[:, :, None] * w[None, :, :], 1)          # exact fp32, [BTQ, BNB]
-                ptr = S + b * ssb + t_first[:, None] * sst + h * ssh + offs_j[None, :]
-                smask = (t_first[:, None] < T) & (offs_j[None, :] < NB)
-                old = tl.load(ptr, mask=smask, other=0.0)
-                tl.store(ptr, old + tot, mask=smask)
-                tl.debug_barrier()   # the next tile's blocks overlap this one's
+                    # General sizes: read-modify-write of the tile's blocks (they overlap the next tile's).
+                    tot = _group_scores(p, offs_c, jb, BTQ, GP, BC, BNB, L, D, SEL, SCORE_MODE)
+                    offs_j = jb + tl.arange(0, BNB)
+                    ptr = S + b * ssb + t_first[:, None] * sst + h * ssh + offs_j[None, :]
+                    smask = (t_first[:, None] < T) & (offs_j[None, :] < NB)
+                    old = tl.load(ptr, mask=smask, other=0.0)
+                    tl.store(ptr, old + tot, mask=smask)
+                    tl.debug_barrier()
+        if SCORES and SHIFT > 0:
+            jb_end = (tl.cdiv(max_vis if DYN_LOOP else TC_ALL, BC) * BC * D) // SEL
+            offs_j = jb_end + tl.arange(0, SHIFT)
+            tl.store(S + b * ssb + t_first[:, None] * sst + h * ssh + offs_j[None, :], carry,
+                     mask=(t_first[:, None] < T) & (offs_j[None, :] < NB))
         tl.store(Out + b * sob + offs_t[:, None] * sot + heads[:, None] * soh + offs_dv[None, :],
                  acc.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
 
@@ -245,30 +285,93 @@ if triton is not None:
 
 
 def selected(call: AttnCall) -> Tensor:
-    q, k, v, idx = call.q, call.k, call.v, call.block_indices
+    return _selected(call.q, call.k, call.v, call.block_indices, sel_block=call.sel_block, scale=call.scale,
+                     q_start=call.q_start, k_start=call.k_start)
+
+
+def selected_gated(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, scale: float,
+                   gates: Tensor, o_cmp: Tensor, o_win: Tensor, q_start: int = 0, k_start: int = 0) -> Tensor:
+    """The whole NSA output `g_cmp * o_cmp + g_sel * selected(q, k, v, idx) + g_win * o_win`
+    (gates `[B, Tq, Hq, 3]`), the gated sum done in the selection kernel's epilogue."""
+    want = (*q.shape[:3], v.shape[-1])
+    for name, x in (("o_cmp", o_cmp), ("o_win", o_win)):
+        if tuple(x.shape) != want or x.stride(-1) != 1:
+            raise ValueError(f"{name} must be [B, Tq, Hq, dv] = {list(want)} with a unit last stride, "
+                             f"got {list(x.shape)} strides {x.stride()}")
+    if tuple(gates.shape) != (*q.shape[:3], 3):
+        raise ValueError(f"gates must be [B, Tq, Hq, 3], got {list(gates.shape)}")
+    return _selected(q, k, v, idx, sel_block=sel_block, scale=scale, q_start=q_start, k_start=k_start,
+                     gated=(gates, o_cmp, o_win))
+
+
+def _selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, scale: float, q_start: int,
+              k_start: int, gated: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
     b, tq, hq, dk = q.shape
     hkv, dv = k.shape[2], v.shape[-1]
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     idx = idx.to(torch.int32).contiguous()
     o = torch.empty(b, tq, hq, dv, dtype=q.dtype, device=q.device)
+    gates, o_cmp, o_win = gated if gated is not None else (o, o, o)   # unused pointers when not gated
     group = hq // hkv
     _sel_fwd[(tq, b * hkv)](
-        q, k, v, idx, o, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), idx.stride(0), idx.stride(1), idx.stride(2),
-        o.stride(0), o.stride(1), o.stride(2), k.shape[1], call.q_start, call.k_start, call.scale,
-        HKV=hkv, G=group, N_SEL=idx.shape[-1], SEL=call.sel_block, DK=dk, DV=dv, BG=_np2(group),
-        BDK=_np2(dk), BDV=_np2(dv), IEEE=q.dtype == torch.float32)
+        q, k, v, idx, o, o_cmp, o_win, gates, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
+        k.stride(2), v.stride(0), v.stride(1), v.stride(2), idx.stride(0), idx.stride(1), idx.stride(2),
+        o.stride(0), o.stride(1), o.stride(2), o_cmp.stride(0), o_cmp.stride(1), o_cmp.stride(2),
+        o_win.stride(0), o_win.stride(1), o_win.stride(2), gates.stride(0), gates.stride(1), gates.stride(2),
+        gates.stride(3), k.shape[1], q_start, k_start, scale,
+        HKV=hkv, G=group, N_SEL=idx.shape[-1], SEL=sel_block, DK=dk, DV=dv, BG=_np2(group),
+        BDK=_np2(dk), BDV=_np2(dv), IEEE=q.dtype == torch.float32, GATED=gated is not None, **_launch("sel"))
     return o
+
+
+# Launch parameters; the defaults are what bench/triton_tiles.py measured best on the H100 (it
+# sweeps them by editing this dict). Under the interpreter smaller tiles keep CPU tests quick.
+TILES: dict[str, Any] = {
+    "cmp_rows": 128,        # (query, head) rows per compressed-kernel program
+    "cmp_bc": 64,           # compressed keys per tile
+    "cmp_warps": 8,
+    "cmp_stages": None,     # None: Triton's default
+    "score_mode": "auto",   # 0, 1, 2 (see _group_scores) or auto
+    "score_carry": True,    # carry block spill in registers when the tile ends on a block edge
+    "sel_warps": 4,
+    "sel_stages": None,
+}
+
+
+def _launch(prefix: str) -> dict[str, int]:
+    opts = {"num_warps": TILES[f"{prefix}_warps"]}
+    if TILES[f"{prefix}_stages"] is not None:
+        opts["num_stages"] = TILES[f"{prefix}_stages"]
+    return opts
 
 
 def _cmp_tiles(tq: int, group: int) -> tuple[int, int, int]:
     """(queries per program, padded group, compressed tile): rows = queries x padded heads, >= 16
-    for tl.dot, 128 on the GPU (16 under the interpreter, which is slow per element)."""
+    for tl.dot (16 under the interpreter, which is slow per element)."""
     gp = triton.next_power_of_2(group)
-    rows = 16 if _interpret() else 128
+    rows = 16 if _interpret() else TILES["cmp_rows"]
     btq = max(1, rows // gp)
     btq = max(max(1, 16 // gp), min(btq, triton.next_power_of_2(tq)))   # decode: few queries
-    return btq, gp, 16 if _interpret() else 64
+    return btq, gp, 16 if _interpret() else TILES["cmp_bc"]
+
+
+def _score_layout(btq: int, gp: int, bc: int, block: int, stride: int, sel_block: int,
+                  exact: bool) -> tuple[int, int]:
+    """(score mode, shift): shift > 0 carries the spill in registers (tiles end on block edges)."""
+    shift = 0
+    if TILES["score_carry"] and (bc * stride) % sel_block == 0:
+        cand = bc * stride // sel_block
+        spill = -(-max(0, block - stride) // sel_block)
+        if _pow2(cand) and spill <= cand:
+            shift = cand
+    width = shift or _np2((bc * stride + block) // sel_block + 2, 16)
+    mode = TILES["score_mode"]
+    if mode == "auto":
+        mode = 2 if not exact and width >= 16 and btq * gp >= 16 else (1 if btq >= 16 and width >= 16 else 0)
+    if (mode == 2 and (width < 16 or btq * gp < 16)) or (mode == 1 and (btq < 16 or width < 16)):
+        raise ValueError(f"score_mode {mode} needs tl.dot sizes >= 16 (rows {btq * gp}/{btq}, blocks {width}); "
+                         "use score_mode 0 or auto")
+    return mode, shift
 
 
 def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int, stride: int, sel_block: int,
@@ -288,14 +391,16 @@ def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int
         return o, s if scores else None
     group = hq // hkv
     btq, gp, bc = _cmp_tiles(tq, group)
+    exact = q.dtype == torch.float32
+    mode, shift = _score_layout(btq, gp, bc, block, stride, sel_block, exact)
     bnb = _np2((bc * stride + block) // sel_block + 2, 16)
     _cmp_group[(triton.cdiv(tq, btq), b * hkv)](
         q, k_cmp, v_cmp, o, s, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
         k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), o.stride(0), o.stride(1), o.stride(2),
         s.stride(0), s.stride(1), s.stride(2), tq, tc, nb, q_start, scale,
         TC_ALL=tc if _interpret() else 0, HKV=hkv, G=group, GP=gp, BTQ=btq, L=block, D=stride, SEL=sel_block,
-        DK=dk, DV=dv, BC=bc, BNB=bnb, BDK=_np2(dk), BDV=_np2(dv), SCORES=scores, SCORE_DOT=btq >= 16,
-        IEEE=q.dtype == torch.float32, DYN_LOOP=not _interpret(), num_warps=8 if btq * gp >= 128 else 4)
+        DK=dk, DV=dv, BC=bc, BNB=bnb, BDK=_np2(dk), BDV=_np2(dv), SCORES=scores, SCORE_MODE=mode, SHIFT=shift,
+        IEEE=exact, DYN_LOOP=not _interpret(), **_launch("cmp"))
     return o, s if scores else None
 
 

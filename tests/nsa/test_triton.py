@@ -34,6 +34,33 @@ def test_triton_selected_matches_oracle(shape, seed):
     assert rel_err(out_t, out[:, t:t + 1]) < 1e-5
 
 
+def _score_ref(q, kc, t, nb, shape, scale, block=8, stride=4, sel_block=16):
+    p = compressed_probs(q.double(), kc.double(), torch.arange(t, device=q.device), block=block, stride=stride,
+                         scale=scale)
+    ref = p @ overlap_weights(kc.shape[1], nb, block, stride, sel_block, q.device, torch.float64)
+    return ref.view(shape[0], shape[3], shape[2] // shape[3], t, nb).sum(2).permute(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("mode,carry", [(0, True), (0, False), (1, False), (2, False)])
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1]], ids=IDS[:2])
+def test_triton_score_modes_agree(shape, mode, carry, seed, monkeypatch):
+    """Every way of forming the scores (broadcast-sum, fp32 dot, 3xTF32 dot; register carry or
+    read-modify-write) gives the oracle's scores; modes whose dot sizes do not fit raise clearly."""
+    monkeypatch.setitem(triton_nsa.TILES, "score_mode", mode)
+    monkeypatch.setitem(triton_nsa.TILES, "score_carry", carry)
+    q, k, v = qkv(*shape, device=DEV)
+    kc, vc = ops.compress_kv(k, v, block=8, stride=4)
+    scale = shape[4] ** -0.5
+    try:
+        _, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=8, stride=4, sel_block=16, scale=scale)
+    except ValueError as exc:
+        assert "score_mode" in str(exc) and DEV == "cpu" and mode == 1
+        return
+    t = shape[1]
+    ref = _score_ref(q, kc, t, (t - 1) // 16 + 1, shape, scale)
+    assert torch.allclose(scores.double(), ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 def test_triton_compressed_and_scores_match(shape, seed):
     q, k, v = qkv(*shape, device=DEV)
@@ -43,11 +70,13 @@ def test_triton_compressed_and_scores_match(shape, seed):
     assert rel_err(out, reference.compressed_attention(q, kc, vc, block=8, stride=4)) < 1e-5
     assert out[:, :7].abs().max() == 0, "queries with no complete block get exactly 0"
     t = shape[1]
-    nb = (t - 1) // 16 + 1
-    p = compressed_probs(q.double(), kc.double(), torch.arange(t, device=q.device), block=8, stride=4, scale=scale)
-    ref = p @ overlap_weights(kc.shape[1], nb, 8, 4, 16, q.device, torch.float64)
-    ref = ref.view(shape[0], shape[3], shape[2] // shape[3], t, nb).sum(2).permute(0, 2, 1, 3)
+    ref = _score_ref(q, kc, t, (t - 1) // 16 + 1, shape, scale)
     assert torch.allclose(scores.double(), ref, rtol=1e-5, atol=1e-5)
+    # Decode: the last 3 queries alone (q_start) give the same output and score rows.
+    o_t, s_t = triton_nsa.compressed_and_scores(q[:, t - 3:], kc, vc, block=8, stride=4, sel_block=16, scale=scale,
+                                                q_start=t - 3)
+    assert rel_err(o_t, out[:, t - 3:]) < 1e-5
+    assert torch.allclose(s_t, scores[:, t - 3:], rtol=1e-5, atol=1e-6)
 
 
 def test_triton_module_matches_oracle(seed):
@@ -82,9 +111,12 @@ def test_triton_bf16_paper_shapes_on_gpu(seed):
         base = ops.selected_attention(q, k, v, idx, sel_block=64, backend="sdpa")
         assert rel_err(ours, ref) <= 2 * rel_err(base, ref) + 1e-6
         ref_c = reference.compressed_attention(q, kc, vc, block=32, stride=16)
-        oc, _ = triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64, scale=dk ** -0.5)
+        oc, sc = triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64, scale=dk ** -0.5)
         bc = ops.compressed_attention(q, kc, vc, block=32, stride=16, backend="sdpa")
         assert rel_err(oc, ref_c) <= 2 * rel_err(bc, ref_c) + 1e-6
+        # Scores of the bf16 inputs in fp64 vs the kernel's (fp32 accumulation, 3xTF32 block map).
+        ref_s = _score_ref(q, kc, 1000, sc.shape[-1], q.shape[:3] + (1,), dk ** -0.5, 32, 16, 64)
+        assert torch.allclose(sc.double(), ref_s, rtol=1e-4, atol=1e-5)
 
 
 def test_interpreter_flag_is_what_cpu_runs_use():

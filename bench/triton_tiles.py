@@ -1,0 +1,99 @@
+"""Sweep the launch parameters of the own Triton kernels (nsa.backends.triton_nsa.TILES) at one T.
+
+    python bench/triton_tiles.py --T 65536 [--json out.json]
+
+Paper layout (64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16), bf16, B=1. Every variant is
+checked against the default configuration's output before it is timed (same compressed output
+to bf16 rounding, same scores to 1e-5 relative, same selected output), so a faster variant
+that computes something else is reported as wrong, not as a win. Timing: bench.timing (CUDA
+events, interleaved repeats, L2 flushed). The defaults in TILES are set from this sweep's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _variants() -> dict[str, list[dict]]:
+    cmp = [{"score_mode": m, "score_carry": c} for m, c in itertools.product((0, 2), (True, False))]
+    cmp += [{"cmp_rows": r, "cmp_bc": bc, "cmp_warps": w, "cmp_stages": s}
+            for r, bc, w, s in itertools.product((64, 128), (64, 128), (4, 8), (None, 2, 3))]
+    sel = [{"sel_warps": w, "sel_stages": s} for w, s in itertools.product((2, 4, 8), (None, 1, 2, 3, 4))]
+    return {"cmp": cmp, "sel": sel}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--T", type=int, default=65536)
+    ap.add_argument("--json", help="write every variant's samples (ms) here")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from bench.timing import Timer, measure
+    from nsa import ops
+    from nsa.backends import triton_nsa
+
+    if not torch.cuda.is_available():
+        print("triton_tiles needs CUDA", file=sys.stderr)
+        return 2
+    dev, dt, t = "cuda", torch.bfloat16, args.T
+    g = torch.Generator(device=dev).manual_seed(0)
+    r = lambda *s: torch.randn(*s, device=dev, dtype=dt, generator=g)  # noqa: E731
+    q, k, v = r(1, t, 64, 128), r(1, t, 4, 128), r(1, t, 4, 128)
+    kc, vc = ops.compress_kv(k, v, block=32, stride=16)
+    default = dict(triton_nsa.TILES)
+
+    def cmp():
+        return triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5)
+
+    o_ref, s_ref = cmp()
+    idx = triton_nsa.topn(s_ref, 0, sel_block=64, sel_count=16)
+
+    def sel():
+        return ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton")
+
+    sel_ref = sel()
+    timer = Timer(warmup_ms=25, rep_ms=200, min_rep=5, max_rep=20)
+    report: dict[str, list[dict]] = {"cmp": [], "sel": []}
+    for kind, fn in (("cmp", cmp), ("sel", sel)):
+        for var in _variants()[kind]:
+            triton_nsa.TILES.clear()
+            triton_nsa.TILES.update({**default, **var})
+            row: dict = {"tiles": var}
+            try:
+                out = fn()
+                if kind == "cmp":
+                    ok = (torch.allclose(out[0].float(), o_ref.float(), rtol=2e-2, atol=2e-2)
+                          and torch.allclose(out[1], s_ref, rtol=1e-5, atol=1e-6))
+                else:
+                    ok = torch.allclose(out.float(), sel_ref.float(), rtol=2e-2, atol=2e-2)
+                row["matches_default"] = bool(ok)
+                samples = measure({"v": fn}, timer)["v"]
+                row["median_ms"], row["samples_ms"] = statistics.median(samples), samples
+            except Exception as exc:  # noqa: BLE001 - a variant that cannot compile is a result
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            report[kind].append(row)
+            print(kind, var, row.get("median_ms", row.get("error")), row.get("matches_default", ""), flush=True)
+    triton_nsa.TILES.clear()
+    triton_nsa.TILES.update(default)
+    for kind, rows in report.items():
+        good = [x for x in rows if x.get("matches_default") and "median_ms" in x]
+        if good:
+            best = min(good, key=lambda x: x["median_ms"])
+            print(f"best {kind}: {best['tiles']} {best['median_ms']:.3f} ms")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"T": t, "gpu": torch.cuda.get_device_name(), "defaults": default, **report}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
