@@ -4,8 +4,12 @@
         --iters 32 --warmup 8 --csv decode.csv
 
 `--heads` are query heads, `--groups` KV heads. Writes a results file (schema v1), the legacy
-CSV (`S,ms_total,ms_cmp,ms_sel,ms_win,reads_actual,reads_expected`) when `--csv` is given, and
-prints the CSV's summary (bench/summarize_decode_csv.py).
+CSV (`S,ms_total,ms_cmp,ms_sel,ms_win,reads_actual,reads_expected`, then the layout, dense ms and
+the speedup over dense) when `--csv` is given, and prints the CSV's summary
+(bench/summarize_decode_csv.py). The decode target (B = 8 at 64k, Triton, CUDA graphs):
+
+    python bench/bench_decode.py --batch 8 --heads 64 --groups 4 --dk 128 --dv 128 --dim 2560 \
+        --S_list 65536 --nsa-backend triton --graph --csv decode_b8.csv
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--w", type=int, default=512)
     p.add_argument("--iters", type=int, default=32, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=8, help="warmup steps per variant")
+    p.add_argument("--nsa-backend", choices=("auto", "triton"), default="auto",
+                   help="NSAAttention(backend=...) of the decode step")
+    p.add_argument("--graph", action="store_true",
+                   help="time CUDA graph replays of the step and of dense decode (needs a GPU)")
     p.add_argument("--csv", help="legacy CSV output")
     legacy.add_common(p, out="out/bench_decode.json")
     args = p.parse_args(argv)
@@ -51,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     layout = {"B": args.batch, "Hq": args.heads, "Hkv": args.groups, "Dk": args.dk, "Dv": args.dv,
               "dim": args.dim or args.heads * args.dv, "block": args.l, "stride": args.d,
               "sel_block": args.sel_block, "sel_count": args.sel_count, "window": args.w}
+    # Only knobs away from their defaults enter the params (and so the case ids).
+    if args.nsa_backend != "auto":
+        layout["nsa_backend"] = args.nsa_backend
+    if args.graph:
+        layout["graph"] = True
     cells = decode.cells(layout, args.S_list, args.dtype)
     code, doc = legacy.run(cells, args, script="bench/bench_decode.py", argv=argv, size="nightly", suite="decode")
     if doc is not None and args.csv:

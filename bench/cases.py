@@ -84,6 +84,10 @@ class Workload:
     PyTorch path, e.g. masked SDPA) plus a small absolute floor. `extra[key]` holds additional
     fields for that variant's case (read counters in decode, for instance); `setups[key]` runs
     before every timed call of that variant, outside the timed region (decode restores its cache).
+    A setup rules out timing CUDA graph replays of `fns[key]`; `captures[key]`, when given, is
+    what the runner uses instead under CUDA graphs: called once, it captures the variant on its
+    own state and returns the graph's replay (no setup needed). `cuda_graph=True` times this cell
+    under CUDA graphs whatever the timer says (the suite skips such a cell where there is no GPU).
     """
 
     fns: dict[str, Callable[[], Any]]
@@ -95,6 +99,8 @@ class Workload:
     dtype: str | None = None
     extra: dict[str, dict[str, Any]] = field(default_factory=dict)
     setups: dict[str, Callable[[], Any]] = field(default_factory=dict)
+    captures: dict[str, Callable[[], Callable[[], Any]]] = field(default_factory=dict)
+    cuda_graph: bool = False
 
 
 def product(*, layout: Iterable[Mapping[str, Any]] = ({},), **axes: Iterable[Any]) -> tuple[dict[str, Any], ...]:

@@ -6,6 +6,12 @@ a variant failing parity is `failed` and not timed; the rest are timed interleav
 `bench.timing.measure` call. Out of memory anywhere in a cell makes its remaining variants
 `skipped` (the cache is emptied and the sweep goes on); any other exception makes them `failed`
 with the exception as the reason.
+
+CUDA graphs (the timer's `cuda_graph`, or a workload's `cuda_graph=True` for its cell): a variant
+with a capture (`Workload.captures`, a stateful decode step) is timed as the replay it returns;
+the others are captured by the clock. A variant that still needs a setup, or a capture that
+raises, makes the whole cell run eagerly; every case of the cell records `cuda_graph` (and
+`cuda_graph_error` when a capture raised).
 """
 
 from __future__ import annotations
@@ -159,21 +165,49 @@ def _run_workload(cell: Cell, work: Workload, records: dict[str, dict[str, Any]]
     pending = [k for k, r in records.items() if r["status"] == "pending"]
     if not pending:
         return
+    fns = {k: work.fns[k] for k in pending}
     setups = {k: work.setups[k] for k in pending if k in work.setups}
-    timer = opts.timer
-    if setups and timer.cuda_graph:
-        # A graph replays a frozen call; a step that restores state first cannot be replayed.
-        timer = replace(timer, cuda_graph=False)
+    timer, replayed = opts.timer, set()
+    if timer.cuda_graph or work.cuda_graph:
+        timer = replace(timer, cuda_graph=True)
+        replayed = _capture(work, pending, fns, setups, records, opts.device)
+        if setups:
+            # A graph replays a frozen call; a step that restores state first cannot be replayed,
+            # so the whole cell runs eagerly (its variants stay comparable).
+            timer = replace(timer, cuda_graph=False)
         for key in pending:
-            records[key]["cuda_graph"] = False
+            records[key]["cuda_graph"] = timer.cuda_graph
     try:
-        samples = measure({k: work.fns[k] for k in pending}, timer, clock=opts.clock, device=opts.device,
-                          setup=setups)
+        samples = measure(fns, timer, clock=opts.clock, device=opts.device, setup=setups, replayed=replayed)
     except Exception as exc:  # noqa: BLE001
         on_error(pending, exc, "while timing")
         return
     for key in pending:
         records[key].update(status="ok", timing=results.timing_summary(samples[key]))
+
+
+def _capture(work: Workload, pending: list[str], fns: dict[str, Callable], setups: dict[str, Callable],
+             records: dict[str, dict[str, Any]], device: str) -> set[str]:
+    """Swap every variant that has a capture for its graph replay (in `fns`, dropping its setup);
+    the names swapped. One capture that raises puts every variant back (the cell is timed eagerly,
+    its records say why in `cuda_graph_error`)."""
+    replays: dict[str, Callable] = {}
+    for key in pending:
+        if key not in work.captures:
+            continue
+        try:
+            replays[key] = work.captures[key]()
+        except Exception as exc:  # noqa: BLE001 - the cell is still timed, eagerly
+            replays.clear()
+            if is_oom(exc):
+                release(device)
+            for rec in (records[k] for k in pending):
+                rec["cuda_graph_error"] = f"capturing {key} raised {why(exc)}; the cell was timed eagerly"
+            return set()
+    for key, replay in replays.items():
+        fns[key] = replay
+        setups.pop(key, None)
+    return set(replays)
 
 
 def _fmt_s(seconds: float) -> str:

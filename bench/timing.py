@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -186,21 +186,27 @@ def _estimate(fn: Callable[[], Any], setup: Callable[[], Any] | None, clock: Clo
 
 
 def measure(fns: dict[str, Callable[[], Any]], timer: Timer, *, clock: Clock | None = None,
-            device: str = "cuda", setup: dict[str, Callable[[], Any]] | None = None) -> dict[str, list[float]]:
+            device: str = "cuda", setup: dict[str, Callable[[], Any]] | None = None,
+            replayed: Collection[str] = ()) -> dict[str, list[float]]:
     """Time every candidate in `fns` interleaved; return its raw per-repeat samples in ms.
 
     Every candidate gets the same number of samples. `setup[name]`, when given, runs before
     every call of that candidate, outside the timed region (a decode step restores its cache
-    there); it rules out `cuda_graph`. Exceptions from a candidate propagate (the runner
+    there); it rules out `cuda_graph`. `replayed` names candidates whose fn already replays a
+    CUDA graph that the caller captured (a stateful step captured on its own copy of its state):
+    `cuda_graph` does not capture those again. Exceptions from a candidate propagate (the runner
     records the case); `clock` defaults to the one for `device`.
     """
     if not fns:
         return {}
     setup = setup or {}
+    unknown = set(replayed) - set(fns)
+    if unknown:
+        raise ValueError(f"replayed must name candidates of fns, got unknown {sorted(unknown)}")
     clock = clock if clock is not None else default_clock(device, timer.cuda_graph)
     if setup and timer.cuda_graph:
         raise ValueError("cuda_graph cannot replay a candidate that needs a setup step; drop --cuda-graph")
-    run = {name: clock.wrap(fn) for name, fn in fns.items()}
+    run = {name: fn if name in replayed else clock.wrap(fn) for name, fn in fns.items()}
 
     estimate: dict[str, float] = {}
     if timer.warmup is None or timer.rep is None:

@@ -1,4 +1,5 @@
-"""Decode: per-step latency of NSAAttention and its measured reads against the spec's.
+"""Decode: per-step latency of NSAAttention and its measured reads against the spec's, beside
+dense decode over the same cache.
 
 For each sequence length S, the module's cache holds the first S - 1 tokens and one step at
 position t = S - 1 is timed (the cache is restored before every call, outside the timed
@@ -9,36 +10,60 @@ shared/spec/nsa.md: cmp `n_cmp(t)`, sel `(k - 1) * l' + t % l' + 1` with `k = mi
 selected blocks, win `min(w, t + 1)`, per KV group; a mismatch fails the case. The paper's
 budget `s/d + n*l' + w` (Table 4) is recorded beside them.
 
-Every use of the decode API (new_cache / prefill / step / reads) is in this file.
+Dense baselines (op `dense`, same cell params): the step's query (`project(x_t)` at t = S - 1)
+attending to every one of the S raw keys of the selection branch's cache (the K/V the NSA step
+gathers from), no mask (every cached key is `<= t`), through SDPA restricted to its flash backend
+(`sdpa_flash`, the baseline) or cuDNN (`sdpa_cudnn`). The NSA step includes its projections and
+gates; the dense call is attention only. `write_csv` and `dense_speedups` pair the two by params.
+
+Knobs in the cell params: `nsa_backend` ("auto" or "triton": `NSAAttention(config, backend=)`),
+and `graph: True`, which times the cell as CUDA graph replays (as `--cuda-graph` does for every
+cell; skipped without a GPU). Under graphs each NSA variant is captured once on its own copy of
+the cache and replays re-run that one step's kernels on the same buffers (the new token's K/V go
+to the same slot), so every sample is the same work; reads are still checked on an eager step.
+
+Every use of the decode API (new_cache / project / step / reads) is in this file; `fill_cache`
+restates how prefill fills a cache (tests/bench/test_decode.py holds it to prefill's result).
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from bench.cases import CaseSpec, Cell, Variant, Workload, product
 
 BRANCHES = ("cmp", "sel", "win")
-VARIANTS = (Variant("auto", "baseline", (("branches", "all"),)),) + tuple(
+DENSE = ("sdpa_flash", "sdpa_cudnn")
+VARIANTS = (Variant("sdpa_flash", "baseline", op="dense"), Variant("sdpa_cudnn", op="dense"),
+            Variant("auto", "candidate", (("branches", "all"),))) + tuple(
     Variant("auto", "candidate", (("branches", b),)) for b in BRANCHES)
+NSA_BACKENDS = ("auto", "triton")
 NSA = {"block": 32, "stride": 16, "sel_block": 64, "sel_count": 16, "window": 512}
 SMALL = {"B": 1, "Hq": 4, "Hkv": 2, "Dk": 64, "Dv": 64, "dim": 256, **NSA}
 GQA = {"B": 1, "Hq": 8, "Hkv": 2, "Dk": 64, "Dv": 64, "dim": 512, **NSA}
 PAPER = {"B": 1, "Hq": 64, "Hkv": 4, "Dk": 192, "Dv": 128, "dim": 2560, **NSA}
+# The decode target: one step at B = 8 over a long cache, Triton module backend, CUDA graphs.
+TARGET = {"B": 8, "Hq": 64, "Hkv": 4, "Dk": 128, "Dv": 128, "dim": 2560, **NSA, "nsa_backend": "triton",
+          "graph": True}
 
 SPECS = (CaseSpec("nsa_decode", VARIANTS, {
     "smoke": product(layout=(SMALL,), T=(20, 200, 1000), dtype=("bf16",)),
     "nightly": (product(layout=(PAPER,), T=(1024, 8192, 16384, 32768, 65536), dtype=("bf16",))
-                + product(layout=(GQA,), T=(1024, 8192, 65536), dtype=("bf16",))),
+                + product(layout=(GQA,), T=(1024, 8192, 65536), dtype=("bf16",))
+                + product(layout=(TARGET,), T=(65536,), dtype=("bf16",))),
     "full": (product(layout=(PAPER, GQA), T=(128, 512, 1024, 4096, 8192, 16384, 32768, 65536),
                      dtype=("bf16",))
-             + product(layout=({**PAPER, "B": 4},), T=(1024, 8192, 32768), dtype=("bf16",))),
+             + product(layout=({**PAPER, "B": 4},), T=(1024, 8192, 32768), dtype=("bf16",))
+             + product(layout=(TARGET,), T=(8192, 16384, 32768, 65536), dtype=("bf16",))),
 }),)
 CSV_COLUMNS = ("S", "ms_total", "ms_cmp", "ms_sel", "ms_win", "reads_actual", "reads_expected")
 LAYOUT_COLUMNS = ("B", "Hq", "Hkv", "Dk", "Dv", "dtype")
+EXTRA_COLUMNS = ("nsa_backend", "cuda_graph", "ms_dense_flash", "ms_dense_cudnn", "speedup_vs_dense")
+# Tokens projected at a time while building a cache (bounds the fp32 RoPE temporaries of q).
+FILL_CHUNK = 4096
 
 
 def expected_reads(seq_len: int, p: dict[str, Any]) -> dict[str, int]:
@@ -55,6 +80,19 @@ def cells(layout: dict[str, Any], lengths: Iterable[int], dtype: str) -> list[Ce
     return [Cell("decode", "nsa_decode", {**layout, "T": s, "dtype": dtype}, VARIANTS) for s in lengths]
 
 
+def dense_decode(q, k, v, backend: Any, scale: float):
+    """Dense attention of one step's query over a whole cache: q `[B, 1, Hq, Dk]`, k/v `[B, S, Hkv, D*]`
+    (the cache's layout) -> `[B, 1, Hq, Dv]`. SDPA takes `[B, H, T, D]`, so it is transposed here.
+    No mask: every cached key is `<= t` (`is_causal` would align a single query with key 0)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(backend):
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
+
+
 def _module(p: dict[str, Any], device, dtype):
     from nsa import NSAAttention, NSAConfig
 
@@ -62,7 +100,34 @@ def _module(p: dict[str, Any], device, dtype):
                        head_dim_v=p["Dv"], cmp_block=p["block"], cmp_stride=p["stride"],
                        sel_block=p["sel_block"], sel_count=p["sel_count"], window=p["window"])
     # No parameter requires grad, so no step records an autograd graph.
-    return NSAAttention(config).to(device=device, dtype=dtype).requires_grad_(False), config
+    attn = NSAAttention(config, backend=p.get("nsa_backend", "auto"))
+    return attn.to(device=device, dtype=dtype).requires_grad_(False), config
+
+
+def fill_cache(attn, x, chunk: int = FILL_CHUNK):
+    """The decode cache of `x [B, T, dim]`: what `attn.prefill(x, branches=())` leaves, without its
+    whole-sequence q, gates and output (`[B, T, Hq, D]` each, with fp32 RoPE temporaries, tens of GB
+    at B = 8, T = 64k). K/V are projected `chunk` tokens at a time; the window and compression
+    buffers get only the tokens they keep (`w`, `l`); nothing of size T x T exists at any point."""
+    import torch
+
+    parts: dict[str, list[tuple[Any, Any]]] = {}
+    for c0 in range(0, x.shape[1], chunk):
+        _, kv, _ = attn.project(x[:, c0:c0 + chunk], start=c0)
+        for name, pair in kv.items():
+            parts.setdefault(name, []).append(pair)
+    kv = {name: (torch.cat([k for k, _ in ps], 1), torch.cat([v for _, v in ps], 1)) for name, ps in parts.items()}
+    del parts
+    cache = attn.new_cache()
+    for name, (kb, vb) in cache.raw.items():
+        k, v = kv[name]
+        keep = k.shape[1] if kb.keep is None else min(kb.keep, k.shape[1])
+        kb.append(k[:, k.shape[1] - keep:])
+        vb.append(v[:, v.shape[1] - keep:])
+    for buf, x_cmp in zip(cache.cmp, attn.compress(*kv["cmp" if "cmp" in kv else "shared"]), strict=True):
+        buf.append(x_cmp)
+    cache.length = x.shape[1]
+    return cache
 
 
 def _measured_reads(reads: Any, branches: tuple[str, ...]) -> dict[str, float]:
@@ -78,27 +143,180 @@ def _measured_reads(reads: Any, branches: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
+def capture_step(attn, x_t, snapshot, branches: tuple[str, ...]) -> Callable[[], None]:
+    """CUDA-graph one step of `x_t` on its own copy of `snapshot`; return the graph's replay.
+
+    A replay re-runs the captured kernels on the same buffers: the new token's K/V are written to
+    the same slot, the same compressed token is emitted and the same blocks are read, so every
+    replay is the same step (no buffer grows at this step: a filled cache has twice its length of
+    room). The warmup runs on a side stream and a throwaway copy, as capture needs. A step that
+    syncs with the host (`.item()`, a host-to-device copy) cannot be captured: this raises.
+    """
+    import contextlib
+    import copy
+
+    import torch
+
+    warm = copy.deepcopy(snapshot)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        attn.step(x_t, warm, branches)
+    torch.cuda.current_stream().wait_stream(side)
+    del warm
+    cache = copy.deepcopy(snapshot)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    # capture_begin/end by hand rather than torch.cuda.graph: when the step raises, the capture
+    # still ends, the caller's stream comes back and the step's own error is the one raised.
+    with torch.cuda.stream(torch.cuda.Stream()):
+        graph.capture_begin()
+        try:
+            attn.step(x_t, cache, branches)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                graph.capture_end()
+            raise
+        graph.capture_end()
+    torch.cuda.synchronize()
+
+    def replay(graph=graph, cache=cache) -> None:  # the graph's buffers live in `cache`
+        graph.replay()
+    return replay
+
+
+def _attempt(work: Workload, key: str, fn: Callable[[], Any], device, *, sdpa: bool) -> bool:
+    """Run `fn` once (compiles, allocates); True when it ran. Otherwise file the reason: out of
+    memory, or a backend that cannot take the call (an nsa `BackendError`, or with `sdpa` any
+    RuntimeError of SDPA restricted to one backend), is `skipped`; anything else `failed`."""
+    from bench.runner import is_oom, release, why
+    from nsa.backends import BackendError
+
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - one variant's failure must not hide the others
+        if is_oom(exc):
+            work.reasons[key] = f"out of memory on the first call: {why(exc)}"
+            release(device.type)
+        elif isinstance(exc, BackendError):
+            work.reasons[key] = f"the nsa backend cannot run here: {why(exc)}"
+        elif sdpa and isinstance(exc, RuntimeError):
+            # "No available kernel", cuDNN absent or shape unsupported: not this variant's fault.
+            work.reasons[key] = f"SDPA backend cannot run this call: {why(exc)}"
+        else:
+            work.failures[key] = f"first call raised {why(exc)}"
+        return False
+    return True
+
+
+def _dense_variant(work: Workload, key: str, q, k, v, backend: Any, scale: float, device) -> None:
+    """Native GQA first; a backend without it gets K/V repeated to Hq heads (built here, outside the
+    timed call; the case says so in `gqa`), as bench.suites.prefill's dense variants do."""
+    work.backends[key] = key
+    gqa = q.shape[2] != k.shape[2]
+    work.extra[key] = {"gqa": "native" if gqa else "none (MHA)", "reads": {"total": k.shape[1]}}
+    fn = lambda: dense_decode(q, k, v, backend, scale)  # noqa: E731
+    if not _attempt(work, key, fn, device, sdpa=True):
+        if not gqa or key not in work.reasons:
+            return
+        first = work.reasons.pop(key)
+        group = q.shape[2] // k.shape[2]
+        k_rep, v_rep = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+        fn = lambda: dense_decode(q, k_rep, v_rep, backend, scale)  # noqa: E731
+        if not _attempt(work, key, fn, device, sdpa=True):
+            work.extra[key]["gqa"] = "unsupported, native or with K/V repeated"
+            return
+        work.extra[key]["gqa"] = f"K/V repeated to {q.shape[2]} heads (native GQA: {first})"
+    work.fns[key] = fn
+
+
+def _branch_backends(backend: str, branches: tuple[str, ...], choices: list[dict[str, Any]]) -> dict[str, str]:
+    """What ran per branch: nsa.dispatch's record, else the explicit module backend; with auto,
+    the selection decode is a gather + masked SDPA inside the module (never dispatched)."""
+    by_op = {c["op"]: c["backend"] for c in choices}
+    default = {"cmp": "sdpa" if backend == "auto" else backend, "sel": "triton" if backend == "triton" else "sdpa",
+               "win": "sdpa"}
+    return {b: by_op.get(op, default[b]) for b, op in (("cmp", "compressed"), ("sel", "selected"),
+                                                     ("win", "sliding")) if b in branches}
+
+
+def _label(ran: dict[str, str]) -> str:
+    names = set(ran.values())
+    return names.pop() if len(names) == 1 else "+".join(f"{b}:{n}" for b, n in ran.items())
+
+
 def build(cell: Cell, device) -> Workload:
+    from bench.runner import is_oom, release, why
+
+    p = cell.params
+    backend = p.get("nsa_backend", "auto")
+    work = Workload(fns={}, backends={}, dtype=p["dtype"], cuda_graph=bool(p.get("graph", False)))
+    steps = {v.key: BRANCHES if dict(v.extra)["branches"] == "all" else (dict(v.extra)["branches"],)
+             for v in cell.variants if v.op != "dense"}
+    for key, branches in steps.items():  # until a step runs: the backends that would run on a CPU
+        work.backends[key] = _label(_branch_backends(backend, branches, []))
+    if work.cuda_graph and device.type != "cuda":
+        for v in cell.variants:
+            work.reasons[v.key] = ("graph=True times this cell as CUDA graph replays, which need a CUDA "
+                                   f"device, got {device.type}; run it on a GPU")
+        return work
+    try:
+        if backend not in NSA_BACKENDS:
+            raise ValueError(f"nsa_backend must be one of {NSA_BACKENDS}, got {backend!r}; fix the decode grid")
+        _populate(work, cell, device, backend, steps)
+    except Exception as exc:  # noqa: BLE001 - filed here so every case keeps the backend label set above
+        for v in cell.variants:
+            if v.key not in work.reasons and v.key not in work.failures:
+                if is_oom(exc):
+                    work.reasons[v.key] = f"out of memory while building the inputs: {why(exc)}"
+                else:
+                    work.failures[v.key] = f"building the inputs raised {why(exc)}"
+        work.fns.clear()
+        work.setups.clear()
+        work.captures.clear()
+    else:
+        return work
+    release(device.type)  # here, once the exception (and the inputs its frames hold) is gone
+    return work
+
+
+def _populate(work: Workload, cell: Cell, device, backend: str, steps: dict[str, tuple[str, ...]]) -> None:
     import copy
 
     from bench import parity
-    from nsa import decode_read_budget, dispatch
+    from nsa import backends, decode_read_budget, dispatch
 
     p = cell.params
     S = p["T"]
+    # The module calls its Triton kernels directly in decode: ask the backend first, so a CPU
+    # without TRITON_INTERPRET gets a reason rather than Triton's driver error.
+    blocked = None if backend == "auto" else backends.unavailable_reason(backend, device)
     dtype = parity.dtype_of(p["dtype"])
     attn, config = _module(p, device, dtype)
     gen = parity.generator(device, 0)
     x = parity.randn((p["B"], S, p["dim"]), dtype, device, gen)
-    # The cache of the first S - 1 tokens; no branch is needed to fill it (branches=()).
-    _, snapshot = attn.prefill(x[:, :S - 1], branches=())
-    x_t = x[:, S - 1:]
+    x_t = x[:, S - 1:].clone()
+    # The cache of the first S - 1 tokens; no branch is needed to fill it.
+    snapshot = fill_cache(attn, x[:, :S - 1])
+    del x
     expected = expected_reads(S, p)
-    work = Workload(fns={}, backends={}, dtype=p["dtype"])
+    # Dense inputs: the cache a step at t = S - 1 reads (all S raw tokens of the selection branch)
+    # and that step's query; a step with no branch appends the token and attends to nothing.
+    after = copy.deepcopy(snapshot)
+    attn.step(x_t, after, ())
+    kb, vb = after.raw["sel" if "sel" in after.raw else "shared"]
+    k_all, v_all = kb.view(), vb.view()
+    q_t = attn.project(x_t, start=S - 1)[0]
+    del after
     for v in cell.variants:
         key = v.key
-        which = dict(v.extra)["branches"]
-        branches = BRANCHES if which == "all" else (which,)
+        if v.op == "dense":
+            _dense_variant(work, key, q_t, k_all, v_all, _sdpa_backend(v.backend), config.softmax_scale, device)
+            continue
+        branches = steps[key]
+        if blocked is not None and backend in _branch_backends(backend, branches, []).values():
+            work.reasons[key] = f"nsa_backend={backend} cannot run here: {blocked}"
+            continue
         state: dict[str, Any] = {}
 
         def setup(state=state) -> None:
@@ -109,14 +327,11 @@ def build(cell: Cell, device) -> Workload:
 
         setup()
         with dispatch.recording() as choices:
-            step()
-        by_op = {c["op"]: c["backend"] for c in choices}
-        # The step's selection is a gather + masked SDPA inside the module (not dispatched).
-        ran = {b: by_op.get(op, "sdpa") for b, op in (("cmp", "compressed"), ("sel", "selected"),
-                                                     ("win", "sliding")) if b in branches}
-        names = set(ran.values())
-        work.backends[key] = names.pop() if len(names) == 1 else "+".join(f"{b}:{n}" for b, n in ran.items())
-        reads = _measured_reads(state["cache"].reads, branches)
+            if not _attempt(work, key, step, device, sdpa=False):
+                continue
+        ran = _branch_backends(backend, branches, choices)
+        work.backends[key] = _label(ran)
+        reads = _measured_reads(state.pop("cache").reads, branches)
         want = {b: expected[b] for b in branches}
         reads["total"] = sum(reads[b] for b in branches)
         want["total"] = sum(want.values())
@@ -129,20 +344,51 @@ def build(cell: Cell, device) -> Workload:
                 f"{b} measured {reads[b]:g} expected {want[b]}" for b in wrong)
         else:
             work.fns[key], work.setups[key] = step, setup
-    return work
+            work.captures[key] = lambda branches=branches: capture_step(attn, x_t, snapshot, branches)
+
+
+def _sdpa_backend(name: str) -> Any:
+    from torch.nn.attention import SDPBackend
+
+    return {"sdpa_flash": SDPBackend.FLASH_ATTENTION, "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION}[name]
+
+
+def _row_key(p: dict[str, Any]) -> tuple:
+    return tuple(p.get(k) for k in ("T", *LAYOUT_COLUMNS, "dim", "block", "stride", "sel_block", "sel_count",
+                                    "window", "nsa_backend", "graph"))
+
+
+def dense_speedups(cases: Iterable[dict[str, Any]]) -> dict[tuple, dict[str, float]]:
+    """Per decode cell (keyed by its params, `branches` aside): median ms of the whole NSA step
+    (`nsa`) and of each dense backend that ran, and `speedup` = fastest dense / NSA step."""
+    out: dict[tuple, dict[str, float]] = {}
+    for case in cases:
+        p, timing = case["params"], case.get("timing")
+        if case.get("suite") != "decode" or not timing or case.get("op") not in ("nsa_decode", "dense"):
+            continue
+        if case["op"] == "nsa_decode" and p.get("branches", "all") != "all":
+            continue
+        name = "nsa" if case["op"] == "nsa_decode" else case["requested_backend"]
+        out.setdefault(_row_key(p), {})[name] = timing["median_ms"]
+    for row in out.values():
+        dense = [row[d] for d in DENSE if d in row]
+        if dense and row.get("nsa"):
+            row["speedup"] = min(dense) / row["nsa"]
+    return out
 
 
 def write_csv(cases: Iterable[dict[str, Any]], path: str | Path) -> int:
     """The legacy decode CSV (`S,ms_total,ms_cmp,ms_sel,ms_win,reads_actual,reads_expected`, then
-    the layout) from decode case records; one row per layout and S. Returns the row count."""
+    the layout, then `EXTRA_COLUMNS`: module backend, CUDA graphs, dense ms and fastest dense / NSA
+    step) from decode case records; one row per cell. Returns the row count."""
+    cases = list(cases)
     rows: dict[tuple, dict[str, Any]] = {}
     for case in cases:
         if case.get("suite") != "decode" or case.get("op") != "nsa_decode":
             continue
         p = case["params"]
-        key = tuple(p.get(k) for k in ("T", *LAYOUT_COLUMNS, "dim", "block", "stride", "sel_block",
-                                       "sel_count", "window"))
-        row = rows.setdefault(key, {"S": p["T"], **{k: p.get(k) for k in LAYOUT_COLUMNS}})
+        row = rows.setdefault(_row_key(p), {"S": p["T"], **{k: p.get(k) for k in LAYOUT_COLUMNS},
+                                            "nsa_backend": p.get("nsa_backend", "auto")})
         which = p.get("branches", "all")
         timing = case.get("timing")
         row["ms_total" if which == "all" else f"ms_{which}"] = \
@@ -150,10 +396,18 @@ def write_csv(cases: Iterable[dict[str, Any]], path: str | Path) -> int:
         if which == "all" and case.get("reads"):
             row["reads_actual"] = f"{case['reads']['total']:g}"
             row["reads_expected"] = case["reads_expected"]["total"]
+        if which == "all" and "cuda_graph" in case:
+            row["cuda_graph"] = case["cuda_graph"]
+    for key, found in dense_speedups(cases).items():
+        if key in rows:
+            for name, column in (("sdpa_flash", "ms_dense_flash"), ("sdpa_cudnn", "ms_dense_cudnn"),
+                                 ("speedup", "speedup_vs_dense")):
+                if name in found:
+                    rows[key][column] = f"{found[name]:.6g}"
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=[*CSV_COLUMNS, *LAYOUT_COLUMNS], restval="")
+        writer = csv.DictWriter(fh, fieldnames=[*CSV_COLUMNS, *LAYOUT_COLUMNS, *EXTRA_COLUMNS], restval="")
         writer.writeheader()
         writer.writerows(rows.values())
     return len(rows)

@@ -47,3 +47,20 @@ def test_fa2_cell_on_the_gpu():
 def test_machine_record_names_the_gpu():
     info = machine.machine_info("cuda")
     assert info["sm"].startswith("sm") and info["gpu_name"] != "cpu" and info["cuda"]
+
+
+def test_decode_target_cell_replays_cuda_graphs():
+    """A small cell of the decode target's kind (Triton module backend, graph=True): every variant
+    ran, the NSA steps as their own captured graphs, with reads checked on an eager step."""
+    from bench.suites import decode
+
+    layout = {**decode.TARGET, "B": 2, "Hq": 16, "dim": 512}
+    cell = decode.cells(layout, [4096], "bf16")[0]
+    opts = runner.RunOptions(device="cuda", timer=Timer(warmup=2, rep=5))
+    cases = runner.run_cell(cell, opts)
+    by = {c["params"].get("branches", c["requested_backend"]): c for c in cases}
+    for key in ("sdpa_flash", "all", "cmp", "sel", "win"):
+        assert by[key]["status"] == "ok", by[key]["reason"]
+        assert by[key]["cuda_graph"] is True, by[key].get("cuda_graph_error")
+    assert by["all"]["reads"]["total"] == by["all"]["reads_expected"]["total"]
+    results.check(runner.document(cases, opts, command="t", git_sha="unknown", machine=machine.machine_info("cuda")))

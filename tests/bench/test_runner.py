@@ -108,3 +108,76 @@ def test_document_records_the_method():
     doc = _valid([])
     assert doc["run"]["method"]["timer"] == "perf_counter" and doc["run"]["method"]["interleaved"] is True
     assert doc["run"]["created_at"].endswith("Z") and doc["run"]["dispatch"]["profile"] == "cpu"
+
+
+class _GraphClock(FakeClock):
+    """A fake clock whose own CUDA graph capture (`wrap`) is logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wrapped: list = []
+
+    def wrap(self, fn):
+        self.wrapped.append(fn)
+        return fn
+
+
+def _stateful(clock: FakeClock, log: list[str]) -> Workload:
+    """`dense` is pure; `step` needs its state restored (setup) or a capture of its own."""
+
+    def setup():
+        log.append("setup")
+
+    def capture():
+        log.append("capture")
+        return clock.candidate("replay", 2.0)
+
+    return Workload(fns={"dense": clock.candidate("dense", 1.0), "step": clock.candidate("eager", 3.0)},
+                    backends={"dense": "dense", "step": "step"}, setups={"step": setup},
+                    captures={"step": capture})
+
+
+@pytest.mark.parametrize("how", ["timer", "workload"])
+def test_under_graphs_a_captured_variant_is_timed_as_its_replay(fake_suite, how):
+    clock, log = _GraphClock(), []
+    work = _stateful(clock, log)
+    work.cuda_graph = how == "workload"
+    fake_suite["work"] = work
+    opts = runner.RunOptions(device="cpu", timer=Timer(warmup=1, rep=3, l2_flush=False, cuda_graph=how == "timer"),
+                             clock=clock)
+    dense, step = runner.run_cell(_cell("dense", "step"), opts)
+    assert log == ["capture"]  # captured once, never restored
+    assert step["status"] == "ok" and step["timing"]["samples_ms"] == [2.0] * 3 and "eager" not in clock.calls()
+    assert dense["timing"]["samples_ms"] == [1.0] * 3
+    assert clock.wrapped == [work.fns["dense"]]  # the clock captures the pure one only
+    assert dense["cuda_graph"] is step["cuda_graph"] is True and "cuda_graph_error" not in step
+    _valid([dense, step])
+
+
+def test_without_graphs_captures_are_never_called(fake_suite):
+    clock, log = _GraphClock(), []
+    fake_suite["work"] = _stateful(clock, log)
+    dense, step = runner.run_cell(_cell("dense", "step"), _opts(clock))
+    assert "capture" not in log and log.count("setup") == 1 + 3  # warmup + repeats, each restored
+    assert step["timing"]["samples_ms"] == [3.0] * 3 and "cuda_graph" not in step
+
+
+def test_a_failed_capture_or_a_setup_without_one_times_the_whole_cell_eagerly(fake_suite):
+    clock, log = _GraphClock(), []
+    work = _stateful(clock, log)
+
+    def broken():
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    work.captures["step"] = broken
+    fake_suite["work"] = work
+    opts = runner.RunOptions(device="cpu", timer=Timer(warmup=1, rep=3, l2_flush=False, cuda_graph=True), clock=clock)
+    dense, step = runner.run_cell(_cell("dense", "step"), opts)
+    assert step["status"] == dense["status"] == "ok" and step["timing"]["samples_ms"] == [3.0] * 3
+    assert log.count("setup") == 4
+    assert dense["cuda_graph"] is step["cuda_graph"] is False
+    assert "operation not permitted" in step["cuda_graph_error"] and "eagerly" in dense["cuda_graph_error"]
+    _valid([dense, step])
+    work.captures.clear()  # a setup and no capture: eager too, no error to report
+    dense, step = runner.run_cell(_cell("dense", "step"), opts)
+    assert step["cuda_graph"] is False and "cuda_graph_error" not in step and step["timing"]["samples_ms"] == [3.0] * 3

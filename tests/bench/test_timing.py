@@ -100,3 +100,14 @@ def test_candidate_exceptions_propagate():
 
     with pytest.raises(RuntimeError, match="exploded"):
         measure({"A": boom}, Timer(warmup=1, rep=1), clock=FakeClock())
+
+
+def test_replayed_candidates_are_not_captured_again():
+    clock = FakeClock()
+    wrapped = []
+    clock.wrap = lambda fn: wrapped.append(fn) or fn
+    fns = {"A": clock.candidate("A", 1.0), "B": clock.candidate("B", 2.0)}
+    samples = measure(fns, Timer(warmup=0, rep=2, l2_flush=False, cuda_graph=True), clock=clock, replayed={"B"})
+    assert wrapped == [fns["A"]] and samples == {"A": [1.0, 1.0], "B": [2.0, 2.0]}
+    with pytest.raises(ValueError, match="replayed must name candidates"):
+        measure(fns, Timer(warmup=0, rep=1), clock=clock, replayed={"C"})

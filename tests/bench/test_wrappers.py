@@ -52,3 +52,14 @@ def test_bench_decode_csv_and_summary(tmp_path):
     bad = _script("bench/summarize_decode_csv.py", str(csv_path))
     assert bad.returncode == 1 and "MISMATCH" in bad.stdout
     assert _script("bench/summarize_decode_csv.py", str(tmp_path / "none.csv")).returncode == 2
+
+
+def test_bench_decode_target_knobs_reach_the_cells(tmp_path):
+    out = tmp_path / "d.json"
+    run = _script("bench/bench_decode.py", "--heads", "4", "--groups", "2", "--dk", "32", "--dv", "32",
+                  "--S_list", "40", "--iters", "1", "--warmup", "0", "--nsa-backend", "triton", "--graph",
+                  "--device", "cpu", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    cases = results.load(out)["cases"]
+    assert {(c["params"]["nsa_backend"], c["params"]["graph"]) for c in cases} == {("triton", True)}
+    assert all(c["status"] == "skipped" and "CUDA graph" in c["reason"] for c in cases)
