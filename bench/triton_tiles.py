@@ -22,10 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _variants() -> dict[str, list[dict]]:
-    cmp = [{"score_mode": m, "score_carry": c} for m, c in itertools.product((0, 2), (True, False))]
+    cmp = [{"score_mode": m, "score_carry": c} for m, c in itertools.product((0, 1), (True, False))]
     cmp += [{"cmp_rows": r, "cmp_bc": bc, "cmp_warps": w, "cmp_stages": s}
-            for r, bc, w, s in itertools.product((64, 128), (64, 128), (4, 8), (None, 2, 3))]
-    sel = [{"sel_warps": w, "sel_stages": s} for w, s in itertools.product((2, 4, 8), (None, 1, 2, 3, 4))]
+            for r, bc, w, s in itertools.product((64, 128), (32, 64), (4, 8), (1, 2, 3))]
+    sel = [{"sel_warps": w, "sel_stages": s} for w, s in itertools.product((2, 4), (None, 2, 3))]
     return {"cmp": cmp, "sel": sel}
 
 

@@ -148,21 +148,18 @@ if triton is not None:
         return tl.where(offs_c[None, :] < nvis[:, None], qk * scale, float("-inf"))
 
     @triton.jit
-    def _group_scores(p, offs_c, jb, BTQ: tl.constexpr, GP: tl.constexpr, BC: tl.constexpr, NBW: tl.constexpr,
-                      L: tl.constexpr, D: tl.constexpr, SEL: tl.constexpr, MODE: tl.constexpr):
-        """Eq. 9-10 for one compressed tile: `p [BTQ*GP, BC]` -> group scores of selection blocks
-        `jb + [0, NBW)`, `[BTQ, NBW]` fp32. w[i, j] = tokens shared by compressed token i
-        `[i*D, i*D+L)` and block j `[j*SEL, (j+1)*SEL)` (small integers, exact in any format).
-        MODE 0: sum heads, then an exact fp32 broadcast-sum; 1: sum heads, then an fp32 dot;
-        2: tensor-core dot in 3xTF32 (about fp32 accuracy), then sum heads."""
+    def _group_scores(ps, offs_c, jb, NBW: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
+                      SEL: tl.constexpr, MODE: tl.constexpr):
+        """Eq. 9 for one compressed tile: `ps [BTQ, BC]` (probabilities summed over the group's
+        heads, Eq. 10) -> group scores of selection blocks `jb + [0, NBW)`, `[BTQ, NBW]` fp32.
+        w[i, j] = tokens shared by compressed token i `[i*D, i*D+L)` and block j
+        `[j*SEL, (j+1)*SEL)`. MODE 0: broadcast-sum; 1: fp32 dot (needs BTQ, NBW >= 16). Both
+        full fp32: ranks must not move with rounding (a 3xTF32 tensor-core variant was 2x slower
+        on the H100 and not within 1e-5 there)."""
         offs_j = jb + tl.arange(0, NBW)
         lo = tl.maximum(offs_c[:, None] * D, offs_j[None, :] * SEL)
         hi = tl.minimum(offs_c[:, None] * D + L, (offs_j[None, :] + 1) * SEL)
         w = tl.maximum(hi - lo, 0).to(tl.float32)
-        if MODE == 2:
-            y = tl.dot(p, w, input_precision="tf32x3")
-            return tl.sum(tl.reshape(y, [BTQ, GP, NBW]), 1)
-        ps = tl.sum(tl.reshape(p, [BTQ, GP, BC]), 1)
         if MODE == 1:
             return tl.dot(ps, w, input_precision="ieee")
         return tl.sum(ps[:, :, None] * w[None, :, :], 1)
@@ -229,17 +226,18 @@ if triton is not None:
                 acc += tl.dot(p.to(vc.dtype), vc)
             if SCORES:
                 jb = (c0 * D) // SEL
+                ps = tl.sum(tl.reshape(p, [BTQ, GP, BC]), 1)                  # Eq. 10: over heads
                 if SHIFT > 0:
                     # Blocks [jb, jb + SHIFT) are complete after this tile (the next one starts at
                     # block jb + SHIFT); its spill into the next SHIFT blocks is carried in registers.
-                    own = carry + _group_scores(p, offs_c, jb, BTQ, GP, BC, SHIFT, L, D, SEL, SCORE_MODE)
-                    carry = _group_scores(p, offs_c, jb + SHIFT, BTQ, GP, BC, SHIFT, L, D, SEL, SCORE_MODE)
+                    own = carry + _group_scores(ps, offs_c, jb, SHIFT, L, D, SEL, SCORE_MODE)
+                    carry = _group_scores(ps, offs_c, jb + SHIFT, SHIFT, L, D, SEL, SCORE_MODE)
                     offs_j = jb + tl.arange(0, SHIFT)
                     tl.store(S + b * ssb + t_first[:, None] * sst + h * ssh + offs_j[None, :], own,
                              mask=(t_first[:, None] < T) & (offs_j[None, :] < NB))
                 else:
                     # General sizes: read-modify-write of the tile's blocks (they overlap the next tile's).
-                    tot = _group_scores(p, offs_c, jb, BTQ, GP, BC, BNB, L, D, SEL, SCORE_MODE)
+                    tot = _group_scores(ps, offs_c, jb, BNB, L, D, SEL, SCORE_MODE)
                     offs_j = jb + tl.arange(0, BNB)
                     ptr = S + b * ssb + t_first[:, None] * sst + h * ssh + offs_j[None, :]
                     smask = (t_first[:, None] < T) & (offs_j[None, :] < NB)
@@ -330,11 +328,11 @@ TILES: dict[str, Any] = {
     "cmp_rows": 128,        # (query, head) rows per compressed-kernel program
     "cmp_bc": 64,           # compressed keys per tile
     "cmp_warps": 8,
-    "cmp_stages": None,     # None: Triton's default
-    "score_mode": "auto",   # 0, 1, 2 (see _group_scores) or auto
+    "cmp_stages": 2,        # None: Triton's default
+    "score_mode": "auto",   # 0 or 1 (see _group_scores), or auto
     "score_carry": True,    # carry block spill in registers when the tile ends on a block edge
-    "sel_warps": 4,
-    "sel_stages": None,
+    "sel_warps": 2,
+    "sel_stages": 2,
 }
 
 
@@ -355,8 +353,7 @@ def _cmp_tiles(tq: int, group: int) -> tuple[int, int, int]:
     return btq, gp, 16 if _interpret() else TILES["cmp_bc"]
 
 
-def _score_layout(btq: int, gp: int, bc: int, block: int, stride: int, sel_block: int,
-                  exact: bool) -> tuple[int, int]:
+def _score_layout(btq: int, gp: int, bc: int, block: int, stride: int, sel_block: int) -> tuple[int, int]:
     """(score mode, shift): shift > 0 carries the spill in registers (tiles end on block edges)."""
     shift = 0
     if TILES["score_carry"] and (bc * stride) % sel_block == 0:
@@ -367,10 +364,12 @@ def _score_layout(btq: int, gp: int, bc: int, block: int, stride: int, sel_block
     width = shift or _np2((bc * stride + block) // sel_block + 2, 16)
     mode = TILES["score_mode"]
     if mode == "auto":
-        mode = 2 if not exact and width >= 16 and btq * gp >= 16 else (1 if btq >= 16 and width >= 16 else 0)
-    if (mode == 2 and (width < 16 or btq * gp < 16)) or (mode == 1 and (btq < 16 or width < 16)):
-        raise ValueError(f"score_mode {mode} needs tl.dot sizes >= 16 (rows {btq * gp}/{btq}, blocks {width}); "
-                         "use score_mode 0 or auto")
+        # The broadcast-sum holds BTQ * BC * width values: fine for the paper's 8 queries x 16
+        # heads per tile; a large query tile (small groups) uses the dot.
+        mode = 1 if btq >= 16 and width >= 16 else 0
+    if mode not in (0, 1) or (mode == 1 and (btq < 16 or width < 16)):
+        raise ValueError(f"score_mode must be 0, or 1 where tl.dot sizes are >= 16 (queries {btq}, blocks "
+                         f"{width}), got {mode!r}; use 0 or auto")
     return mode, shift
 
 
@@ -392,7 +391,7 @@ def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int
     group = hq // hkv
     btq, gp, bc = _cmp_tiles(tq, group)
     exact = q.dtype == torch.float32
-    mode, shift = _score_layout(btq, gp, bc, block, stride, sel_block, exact)
+    mode, shift = _score_layout(btq, gp, bc, block, stride, sel_block)
     bnb = _np2((bc * stride + block) // sel_block + 2, 16)
     _cmp_group[(triton.cdiv(tq, btq), b * hkv)](
         q, k_cmp, v_cmp, o, s, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
