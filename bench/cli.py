@@ -1,6 +1,6 @@
 """`python -m bench`: run suites into one results file, list case ids, merge shard files.
 
-    python -m bench run --suites fa2,calibration --size nightly --out results/x.json
+    python -m bench run --suites fa2,triton,calibration --size nightly --out results/x.json
     python -m bench list --suites fa2 --size nightly
     python -m bench merge shard0.json shard1.json --out all.json
 
@@ -87,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--csv", help="also write the decode suite's legacy CSV here")
     run.add_argument("--fa2", choices=("auto", "off", "force"), default="auto",
                      help="nsa dispatch override for backend=auto paths (recorded in the results)")
+    run.add_argument("--triton", choices=("auto", "off"), default="auto",
+                     help="nsa dispatch override: off sets every triton_* threshold to -1 for backend=auto "
+                          "paths (recorded in the results)")
     run.add_argument("--strict", action="store_true", help="exit 3 when any case failed")
     run.add_argument("--shard", type=_shard_arg, help=argparse.SUPPRESS)
     add_timer_args(run)
@@ -144,12 +147,18 @@ def _merge(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _apply_fa2(mode: str) -> None:
-    if mode == "auto":
+def _apply_dispatch(fa2: str, triton: str) -> None:
+    """`--fa2 off|force` and `--triton off` as nsa.dispatch overrides (`auto`: the config's values)."""
+    overrides: dict[str, bool] = {}
+    if fa2 != "auto":
+        overrides.update({"use_fa2": False} if fa2 == "off" else {"force_fa2": True})
+    if triton == "off":
+        overrides["use_triton"] = False
+    if not overrides:
         return
     from nsa import dispatch
 
-    dispatch.set_overrides(**({"use_fa2": False} if mode == "off" else {"force_fa2": True}))
+    dispatch.set_overrides(**overrides)
 
 
 def _visible_gpus() -> list[str]:
@@ -177,7 +186,8 @@ def execute(cells: list[Cell], args: argparse.Namespace, *, command: str, size: 
         n_gpus = len(gpus) if args.gpus is None else min(max(args.gpus, 1), len(gpus))
         if n_gpus > 1:
             return _run_shards(args, command, shard_argv, gpus[:n_gpus])
-    _apply_fa2(args.fa2)
+    triton = getattr(args, "triton", "auto")  # the bench/ wrappers have no --triton
+    _apply_dispatch(args.fa2, triton)
     timer = timer_from(args, size)
     opts = runner.RunOptions(device=device, timer=timer,
                              prefix=f"[shard {shard_arg[0]}/{shard_arg[1]}] " if shard_arg else "")
@@ -188,7 +198,7 @@ def execute(cells: list[Cell], args: argparse.Namespace, *, command: str, size: 
     cases = runner.run_cells(todo, opts)
     if device == "cuda":
         info["nvml_end"] = machine.nvml_snapshot()
-    extra = {"suites": suite_names, "size": size, "fa2": args.fa2}
+    extra = {"suites": suite_names, "size": size, "fa2": args.fa2, "triton": triton}
     if shard_arg:
         extra["shard"] = f"{shard_arg[0]}/{shard_arg[1]}"
     doc = runner.document(cases, opts, command=command, git_sha=machine.git_sha(), machine=info,

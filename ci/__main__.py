@@ -45,7 +45,7 @@ def _decide_args(p: argparse.ArgumentParser) -> None:
                    help="config with nsa grid, decide.margin/confidence and current thresholds "
                         "(default: %(default)s)")
     p.add_argument("--margin", type=decide.parse_margin, default=None,
-                   help="speedup the CI lower bound must clear to adopt FA-2; empty or absent: the "
+                   help="speedup the CI lower bound must clear to adopt a candidate (FA-2, Triton); empty or absent: the "
                         "config's decide.margin")
     p.add_argument("--out", default="out/decision.json", help="decision file to write (default: %(default)s)")
 
@@ -86,10 +86,10 @@ def _report_run(args: argparse.Namespace) -> int:
 
 
 register(Subcommand(
-    "decide", "turn results files into per-branch FA-2 threshold proposals",
-    "Pair each masked-SDPA case with its FA-2 case, bootstrap the speedup interval, and apply the "
-    "threshold rule of shared/spec/pipeline.md. Writes a decision JSON file and prints one line per "
-    "branch. Exit 0 ok, 2 bad input, 3 parity failure (the file is still written).",
+    "decide", "turn results files into one threshold proposal per key (fa2_*, triton_*)",
+    "Pair each masked-SDPA case with its candidate case (FA-2 in suite fa2, the own Triton kernels in "
+    "suite triton), bootstrap the speedup interval, and apply the threshold rule of "
+    "shared/spec/pipeline.md. Writes a decision JSON file and prints one line per threshold key. Exit 0 ok, 2 bad input, 3 parity failure (the file is still written).",
     _decide_args, _decide_run))
 register(Subcommand(
     "report", "render a decision file as report.md, summary.md and plots",

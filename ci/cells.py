@@ -1,4 +1,5 @@
-"""Cells: one `(suite, op, params)` timed under the baseline (masked SDPA) and one candidate.
+"""Cells: one `(suite, op, params)` timed under the baseline (masked SDPA) and one candidate
+(FA-2, the own Triton kernels, or any other backend a suite times).
 
 A cell's verdict is `adopt`, `reject` or `inconclusive` from the speedup interval against the
 margin, `failed` when either side failed or broke parity, and `skipped` when either side did not
@@ -17,6 +18,7 @@ from ci import stats
 
 BASELINE = "sdpa"
 FA2_BACKENDS = ("flash_attn", "torch_fa2")
+TRITON_BACKENDS = ("triton",)
 VERDICTS = ("adopt", "reject", "inconclusive", "failed", "skipped")
 
 Case = Mapping[str, Any]

@@ -1,10 +1,18 @@
-"""`ci decide`: turn results files into a per-branch FA-2 threshold decision (a JSON file).
+"""`ci decide`: turn results files into one threshold decision per threshold key (a JSON file).
 
-The rule is `shared/spec/pipeline.md` ("Decision"). Cells of suite `fa2` for ops `sliding`
-(branch `win`) and `compressed` (branch `cmp`), at the model's configured window and compression
-parameters, with an FA-2 candidate (`flash_attn`, `torch_fa2`) against masked SDPA, decide; every
-other pair (other suites, windows, blocks, backends such as `flex`) is reported only. When both
-FA-2 backends ran, a length needs both to win: the dispatcher may pick either.
+The rule is `shared/spec/pipeline.md` ("Decision"), applied to every threshold key alike: a
+candidate backend against masked SDPA, the same statistics, margin and threshold rule.
+
+    branch      key                  suite   op          candidate backends
+    win         fa2_min_len_win      fa2     sliding     flash_attn, torch_fa2 (FA-2)
+    cmp         fa2_min_len_cmp      fa2     compressed  flash_attn, torch_fa2 (FA-2)
+    triton_sel  triton_min_len_sel   triton  selected    triton (own Triton kernels)
+    triton_cmp  triton_min_len_cmp   triton  compressed  triton (own Triton kernels)
+
+Only cells of the key's suite and candidates at the model's configured window, compression and
+selection parameters decide; every other pair (other suites, windows, blocks, backends such as
+`flex`) is reported only. When both FA-2 backends ran, a length needs both to win: the
+dispatcher may pick either.
 
 Everything here is pure except `load_config`, `decide_files` and `write_decision`.
 """
@@ -23,11 +31,20 @@ import yaml
 
 from bench import results
 from ci import stats
-from ci.cells import FA2_BACKENDS, Cell, case_problem, judge, length_verdict, pair_cases, parity_failed
+from ci.cells import (
+    FA2_BACKENDS,
+    TRITON_BACKENDS,
+    Cell,
+    case_problem,
+    judge,
+    length_verdict,
+    pair_cases,
+    parity_failed,
+)
 from ci.noise import CALIBRATION_SUITE, noise_floor
 
 SCHEMA = "nsa-decision/1"
-DECISION_SUITE = "fa2"
+DECISION_SUITE = "fa2"  # the FA-2 keys' suite (kept for callers that predate the triton keys)
 EXIT_OK, EXIT_BAD_INPUT, EXIT_PARITY = 0, 2, 3
 
 
@@ -36,14 +53,32 @@ class DecideError(ValueError):
 
 
 @dataclass(frozen=True)
+class Family:
+    """A family of threshold keys: one kind of candidate backend, timed in one suite."""
+
+    name: str  # "fa2" or "triton", the prefix of its keys and its field in the decision file
+    label: str  # how reasons and the report name it
+    suite: str  # the bench suite whose cells decide its keys
+    backends: tuple[str, ...]  # candidate backends as results files record them
+
+
+FA2 = Family("fa2", "FA-2", "fa2", FA2_BACKENDS)
+TRITON = Family("triton", "Triton", "triton", TRITON_BACKENDS)
+FAMILIES = (FA2, TRITON)
+
+
+@dataclass(frozen=True)
 class Branch:
-    name: str  # "win" or "cmp", as in the config keys
+    name: str  # "win", "cmp", "triton_sel", "triton_cmp": the key in the decision's `branches`
     op: str  # the results op that times this branch
     key: str  # the threshold key under runtime / profiles.<sm>
+    family: Family = FA2
 
 
-BRANCHES = (Branch("win", "sliding", "fa2_min_len_win"), Branch("cmp", "compressed", "fa2_min_len_cmp"))
-BRANCH_OF_OP = {b.op: b for b in BRANCHES}
+BRANCHES = (Branch("win", "sliding", "fa2_min_len_win"), Branch("cmp", "compressed", "fa2_min_len_cmp"),
+            Branch("triton_sel", "selected", "triton_min_len_sel", TRITON),
+            Branch("triton_cmp", "compressed", "triton_min_len_cmp", TRITON))
+DECISION_SUITES = tuple(f.suite for f in FAMILIES)
 
 
 @dataclass(frozen=True)
@@ -57,6 +92,8 @@ class DecideConfig:
     cmp_stride: int
     runtime: Mapping[str, Any]
     profiles: Mapping[str, Any]
+    sel_block: int | None = None
+    sel_count: int | None = None
 
     @classmethod
     def from_mapping(cls, cfg: Any, margin: float | None = None, source: str = "config") -> DecideConfig:
@@ -75,26 +112,36 @@ class DecideConfig:
         if not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
             raise DecideError(f"{source}: decide.confidence must be strictly between 0 and 1, "
                               f"got {confidence!r}; use e.g. 0.95")
+        # The FA-2 keys predate the triton ones: a config without triton keys still decides (-1).
         for b in BRANCHES:
-            get("runtime", b.key)
+            if b.family is FA2:
+                get("runtime", b.key)
         profiles = cfg.get("profiles") or {}
         return cls(float(chosen), float(confidence), get("nsa", "window"), get("nsa", "cmp_block"),
-                   get("nsa", "cmp_stride"), cfg["runtime"], profiles)
+                   get("nsa", "cmp_stride"), cfg["runtime"], profiles, get("nsa", "sel_block"),
+                   get("nsa", "sel_count"))
 
     def current(self, profile: str, key: str) -> tuple[int, str]:
-        """The threshold in force for `profile` and where it comes from."""
+        """The threshold in force for `profile` and where it comes from (-1 when no section sets it,
+        as in nsa.dispatch)."""
         prof = self.profiles.get(profile)
         if isinstance(prof, Mapping) and prof.get(key) is not None:
             return int(prof[key]), f"profiles.{profile}.{key}"
+        if self.runtime.get(key) is None:
+            return -1, f"default (-1, {key} absent)"
         return int(self.runtime[key]), f"runtime.{key}"
 
     def off_grid(self, op: str, params: Mapping[str, Any]) -> str:
         """Why a branch cell's grid point is not the model's, or "" when it is."""
         if op == "sliding" and params.get("window") != self.window:
             return f"window {params.get('window')} is not nsa.window {self.window}"
-        if op == "compressed" and (params.get("block"), params.get("stride")) != (self.cmp_block, self.cmp_stride):
+        if op in ("compressed", "selected") and \
+                (params.get("block"), params.get("stride")) != (self.cmp_block, self.cmp_stride):
             return (f"l={params.get('block')}, d={params.get('stride')} is not nsa.cmp_block/cmp_stride "
                     f"{self.cmp_block}/{self.cmp_stride}")
+        if op == "selected" and (params.get("sel_block"), params.get("sel_count")) != (self.sel_block, self.sel_count):
+            return (f"l'={params.get('sel_block')}, n={params.get('sel_count')} is not nsa.sel_block/sel_count "
+                    f"{self.sel_block}/{self.sel_count}")
         return ""
 
 
@@ -125,16 +172,28 @@ def load_config(path: str | os.PathLike[str], margin: float | None = None) -> De
     return DecideConfig.from_mapping(cfg, margin, str(p))
 
 
+def branch_of(op: str, suite: str, candidate: str) -> Branch | None:
+    """The branch a cell belongs to (its table in the report): the op's branch whose family has
+    this candidate, else the one whose suite this is, else the op's first; None for an op
+    without a threshold key."""
+    options = [b for b in BRANCHES if b.op == op]
+    for match in (lambda b: candidate in b.family.backends, lambda b: suite == b.family.suite, lambda b: True):
+        found = next((b for b in options if match(b)), None)
+        if found is not None:
+            return found
+    return None
+
+
 def _mark_use(cell: Cell, cfg: DecideConfig) -> None:
     """Set branch, used_for_decision and note (why a cell is reported only)."""
-    branch = BRANCH_OF_OP.get(cell.op)
+    branch = branch_of(cell.op, cell.suite, cell.candidate_backend)
     cell.branch = branch.name if branch else None
     if branch is None:
-        cell.note = f"op {cell.op} has no FA-2 threshold"
-    elif cell.suite != DECISION_SUITE:
-        cell.note = f"suite {cell.suite} is reported only; suite {DECISION_SUITE} decides"
-    elif cell.candidate_backend not in FA2_BACKENDS:
-        cell.note = f"{cell.candidate_backend} is not FA-2; reported only"
+        cell.note = f"op {cell.op} has no threshold key"
+    elif cell.suite != branch.family.suite:
+        cell.note = f"suite {cell.suite} is reported only; suite {branch.family.suite} decides"
+    elif cell.candidate_backend not in branch.family.backends:
+        cell.note = f"{cell.candidate_backend} is not {branch.family.label}; reported only"
     elif off := cfg.off_grid(cell.op, cell.params):
         cell.note = off
     elif cell.verdict == "skipped":
@@ -150,7 +209,8 @@ def _join(lengths: Sequence[int]) -> str:
     return ", ".join(str(t) for t in lengths)
 
 
-def measured_threshold(lengths: Sequence[tuple[int, str]], margin: float) -> tuple[int | None, str]:
+def measured_threshold(lengths: Sequence[tuple[int, str]], margin: float,
+                       label: str = "FA-2") -> tuple[int | None, str]:
     """Threshold the length verdicts imply, and why; None when uncertain lengths decide it.
 
     The smallest tested length L such that every tested length >= L is `adopt`; -1 when the
@@ -168,11 +228,11 @@ def measured_threshold(lengths: Sequence[tuple[int, str]], margin: float) -> tup
                       "failures, to settle it")
     if last_reject == len(tested) - 1:
         if wins_below:
-            return -1, (f"FA-2 cleared {margin:g}x only at {_join(wins_below)}, not at the longest tested "
-                        f"length {tested[-1][0]} (reject), so FA-2 stays off for this branch")
-        return -1, f"FA-2 never cleared {margin:g}x (longest tested length {tested[-1][0]} is reject)"
+            return -1, (f"{label} cleared {margin:g}x only at {_join(wins_below)}, not at the longest tested "
+                        f"length {tested[-1][0]} (reject), so {label} stays off for this branch")
+        return -1, f"{label} never cleared {margin:g}x (longest tested length {tested[-1][0]} is reject)"
     adopted = [t for t, _ in tested[last_reject + 1:]]
-    why = f"FA-2 cleared {margin:g}x at every tested length >= {adopted[0]} ({_join(adopted)})"
+    why = f"{label} cleared {margin:g}x at every tested length >= {adopted[0]} ({_join(adopted)})"
     if wins_below:
         why += f"; it also won at {_join(wins_below)}, below the reject at {tested[last_reject][0]}"
     return adopted[0], why
@@ -189,11 +249,12 @@ def decide_branch(branch: Branch, cells: Sequence[Cell], cfg: DecideConfig, prof
     lengths = [{"T": t, "verdict": length_verdict(c.verdict for c in by_t[t]), "cells": [c.id for c in by_t[t]]}
                for t in sorted(by_t)]
     if unavailable or not used:
-        why = unavailable or (f"no FA-2 cell of op {branch.op} at the configured grid point ran in "
-                              f"suite {DECISION_SUITE}")
+        why = unavailable or (f"no {branch.family.label} cell of op {branch.op} at the configured grid point "
+                              f"ran in suite {branch.family.suite}")
         measured, reason = None, f"keeping {current}: {why}; no threshold can be proposed"
     else:
-        measured, why = measured_threshold([(x["T"], x["verdict"]) for x in lengths], cfg.margin)
+        measured, why = measured_threshold([(x["T"], x["verdict"]) for x in lengths], cfg.margin,
+                                           branch.family.label)
         if measured is None:
             reason = f"keeping {current}: {why}"
         elif measured == current:
@@ -201,23 +262,31 @@ def decide_branch(branch: Branch, cells: Sequence[Cell], cfg: DecideConfig, prof
         else:
             reason = f"{why}; proposing {measured} instead of {current} ({source})"
     proposed = current if measured is None else measured
-    return {"key": branch.key, "op": branch.op, "current": current, "current_source": source,
+    return {"key": branch.key, "op": branch.op, "family": branch.family.name, "candidate": branch.family.label,
+            "suite": branch.family.suite, "current": current, "current_source": source,
             "measured": measured, "proposed": proposed, "changed": proposed != current,
             "reason": reason, "lengths": lengths}
 
 
-def _fa2_unavailable(sm: str, cells: Sequence[Cell]) -> str:
-    """Why FA-2 did not run in the decision suite, or "" when it did."""
-    fa2 = [c for c in cells if c.suite == DECISION_SUITE and c.candidate_backend in FA2_BACKENDS]
+def _unavailable(family: Family, sm: str, cells: Sequence[Cell]) -> str:
+    """Why `family`'s candidates did not run in its suite, or "" when they did."""
+    ran = [c for c in cells if c.suite == family.suite and c.candidate_backend in family.backends]
     if sm == "cpu":
-        return "these results come from a CPU machine (sm = cpu) and FA-2 needs a CUDA GPU"
-    if any(c.verdict != "skipped" for c in fa2):
+        if family is FA2:
+            return "these results come from a CPU machine (sm = cpu) and FA-2 needs a CUDA GPU"
+        return (f"these results come from a CPU machine (sm = cpu) and {family.label} thresholds need "
+                "timings on a CUDA GPU")
+    if any(c.verdict != "skipped" for c in ran):
         return ""
-    if fa2:
-        reasons = sorted({c.reason for c in fa2})
-        return "every FA-2 case was skipped (" + "; ".join(reasons[:3]) + ")"
-    return (f"the results hold no {' or '.join(FA2_BACKENDS)} case in suite {DECISION_SUITE} "
-            "with an sdpa baseline, so FA-2 was unavailable")
+    if ran:
+        reasons = sorted({c.reason for c in ran})
+        return f"every {family.label} case was skipped (" + "; ".join(reasons[:3]) + ")"
+    if family is FA2:
+        return (f"the results hold no {' or '.join(FA2_BACKENDS)} case in suite {DECISION_SUITE} "
+                "with an sdpa baseline, so FA-2 was unavailable")
+    return (f"the results hold no {' or '.join(family.backends)} case in suite {family.suite} with an sdpa "
+            f"baseline, so the {family.label} kernels were not measured (run `python -m bench run --suites "
+            f"{family.suite}`)")
 
 
 def _sources(sources: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[str, list[Mapping[str, Any]]]:
@@ -248,7 +317,7 @@ def decide(sources: Sequence[tuple[str, Mapping[str, Any]]], cfg: DecideConfig) 
     for cell in cells:
         _mark_use(cell, cfg)
     cells.sort(key=lambda c: (c.suite, c.op, c.candidate_backend, json.dumps(c.params, sort_keys=True)))
-    unavailable = _fa2_unavailable(profile, cells)
+    unavailable = {f.name: _unavailable(f, profile, cells) for f in FAMILIES}
     failures = [{"id": c["id"], "suite": c["suite"], "op": c["op"], "backend": c["backend"],
                  "status": c["status"], "reason": problem[1], "parity_failed": parity_failed(c)}
                 for c in cases if (problem := case_problem(c)) and problem[0] == "failed"]
@@ -260,12 +329,13 @@ def decide(sources: Sequence[tuple[str, Mapping[str, Any]]], cfg: DecideConfig) 
         "margin": cfg.margin,
         "confidence": cfg.confidence,
         "bootstrap": {"resamples": stats.RESAMPLES, "seed": stats.SEED, "min_samples": stats.MIN_SAMPLES},
-        "grid": {"window": cfg.window, "cmp_block": cfg.cmp_block, "cmp_stride": cfg.cmp_stride},
+        "grid": {"window": cfg.window, "cmp_block": cfg.cmp_block, "cmp_stride": cfg.cmp_stride,
+                 "sel_block": cfg.sel_block, "sel_count": cfg.sel_count},
         "results_files": [name for name, _ in sources],
         "machine": dict(machine),
         "runs": [{"file": name, **d["run"]} for name, d in sources],
-        "fa2": {"ran": not unavailable, "reason": unavailable},
-        "branches": {b.name: decide_branch(b, cells, cfg, profile, unavailable) for b in BRANCHES},
+        **{f.name: {"ran": not unavailable[f.name], "reason": unavailable[f.name]} for f in FAMILIES},
+        "branches": {b.name: decide_branch(b, cells, cfg, profile, unavailable[b.family.name]) for b in BRANCHES},
         "cells": [c.to_dict() for c in cells],
         "failures": failures,
         "skips": [{"id": c["id"], "reason": c["reason"]} for c in cases if c["status"] == "skipped"],
@@ -294,7 +364,7 @@ def write_decision(doc: Mapping[str, Any], path: str | os.PathLike[str]) -> Path
 
 
 def summary_lines(doc: Mapping[str, Any]) -> list[str]:
-    """One line per branch, for the terminal and the Actions log."""
+    """One line per threshold key, for the terminal and the Actions log."""
     lines = []
     for name, b in doc["branches"].items():
         change = f"{b['current']} -> {b['proposed']}" if b["changed"] else f"{b['current']} (unchanged)"

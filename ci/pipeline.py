@@ -3,7 +3,8 @@
 Stages, each a file under --out-dir (default out/):
   sweep   `python -m bench run` in a subprocess (ci never imports torch) -> results.json.
           `--size auto` asks a subprocess whether torch sees a GPU: CUDA -> nightly, CPU -> smoke
-          (FA-2 needs CUDA, so a CPU run records it as unavailable and the report says so).
+          (FA-2 needs CUDA, so a CPU run records it as unavailable and the report says so; the triton
+          suite runs on a CPU only under TRITON_INTERPRET=1, and CPU timings never propose).
           Skipped with --results, which decides on existing results files instead.
   decide  -> decision.json (exit 3 on parity failures; the report still runs, the PR does not).
   report  -> report/ (report.md, summary.md, speedup plots).
@@ -29,7 +30,9 @@ from typing import Any
 from ci.decide import parse_margin
 
 HELP = "the main job: sweep this machine, decide, report, threshold PR (dry run without a token)"
-DEFAULT_SUITES = "fa2,calibration"  # FA-2 against masked SDPA, plus the A/A runs that set the noise floor
+# FA-2 and the own Triton kernels against masked SDPA (the fa2_* and triton_* keys), plus the A/A
+# runs that set the noise floor.
+DEFAULT_SUITES = "fa2,triton,calibration"
 SIZES = ("auto", "smoke", "nightly", "full")
 SIZE_FOR_DEVICE = {"cpu": "smoke", "cuda": "nightly"}
 PROBE = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"
@@ -190,9 +193,11 @@ def _finish(done: Sequence[StageResult], doc: dict[str, Any], report_dir: Path) 
         status = r.status if r.status != "failed" else f"FAILED (exit {r.rc})"
         print(f"  {r.name:<7} {status:<16} {seconds}  {r.detail}")
     if doc:
-        fa2 = doc.get("fa2", {})
+        fa2, triton = doc.get("fa2", {}), doc.get("triton", {})
         if not fa2.get("ran", True):
             print(f"FA-2 unavailable: {fa2.get('reason')}")
+        if not triton.get("ran", True):
+            print(f"Triton not measured: {triton.get('reason')}")
         branches = ", ".join(f"{name} {b['current']} -> {b['proposed']}" if b.get("changed")
                              else f"{name} {b['current']} (unchanged)" for name, b in doc.get("branches", {}).items())
         print(f"thresholds ({doc.get('profile')}, {doc.get('gpu_name')}): {branches}")

@@ -12,13 +12,17 @@ matplotlib.use("Agg")  # headless CI runners have no display; select before pypl
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-BRANCH_TITLES = {"win": "sliding branch (win)", "cmp": "compressed branch (cmp)"}
+BRANCH_TITLES = {"win": "sliding branch, FA-2 (win)", "cmp": "compressed branch, FA-2 (cmp)",
+                 "triton_sel": "selected branch, Triton (triton_sel)",
+                 "triton_cmp": "compressed branch, Triton (triton_cmp)"}
+GRID_LABELS = {"sliding": (("w", "window"),), "compressed": (("l", "block"), ("d", "stride")),
+               "selected": (("l", "block"), ("d", "stride"), ("l'", "sel_block"), ("n", "sel_count"))}
 
 
 def series_label(cell: Mapping[str, Any]) -> str:
     """Legend text of a cell's series: backend, grid point and the shape knobs except T."""
     p = cell["params"]
-    grid = f"w={p.get('window')}" if cell["branch"] == "win" else f"l={p.get('block')},d={p.get('stride')}"
+    grid = ",".join(f"{label}={p.get(key)}" for label, key in GRID_LABELS.get(cell["op"], ()))
     return (f"{cell['candidate_backend']} {grid} B{p.get('B')} Hq{p.get('Hq')}/Hkv{p.get('Hkv')} "
             f"D{p.get('Dk')} {p.get('dtype')}")
 

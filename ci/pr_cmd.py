@@ -31,7 +31,7 @@ Connect = Callable[["Target"], Any]
 
 HELP = "open, update or close the threshold PR"
 DESCRIPTION = """\
-Open, update or close the pull request that proposes this GPU's FA-2 thresholds.
+Open, update or close the pull request that proposes this GPU's FA-2 and Triton thresholds.
 
 One branch per profile (nsa-thresholds/<profile>), rebuilt from the base branch on every run: its
 commit changes only the threshold keys of configs/base.yaml plus reports/<profile>/. The outcome is

@@ -17,7 +17,7 @@ import jinja2
 
 from bench import results
 from ci import compare
-from ci.decide import DECISION_SUITE, SCHEMA
+from ci.decide import DECISION_SUITE, FAMILIES, SCHEMA
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 SUMMARY_LIMIT = 1024 * 1024  # GitHub rejects a step summary above 1 MiB
@@ -74,9 +74,19 @@ def _shape(params: Mapping[str, Any]) -> str:
             f"D{params.get('Dk')}{dv} {params.get('dtype')}")
 
 
+# The grid-point column of each op's table: its header and the params it shows.
+GRID_COLUMNS = {"sliding": ("w", ("window",)), "compressed": ("l, d", ("block", "stride")),
+                "selected": ("l, d, l', n", ("block", "stride", "sel_block", "sel_count"))}
+
+
 def _grid(cell: Mapping[str, Any]) -> str:
-    p = cell["params"]
-    return str(p.get("window")) if cell["branch"] == "win" else f"{p.get('block')}, {p.get('stride')}"
+    _, keys = GRID_COLUMNS.get(cell["op"], ("", ()))
+    return ", ".join(str(cell["params"].get(k)) for k in keys)
+
+
+def branch_suite(branch: Mapping[str, Any]) -> str:
+    """The suite whose cells decide `branch` (decision files that predate the triton keys: fa2)."""
+    return branch.get("suite", DECISION_SUITE)
 
 
 def _row(cell: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,7 +95,8 @@ def _row(cell: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _branch_rows(decision: Mapping[str, Any], branch: str) -> list[dict[str, Any]]:
-    cells = [c for c in decision["cells"] if c["branch"] == branch and c["suite"] == DECISION_SUITE]
+    suite = branch_suite(decision["branches"][branch])
+    cells = [c for c in decision["cells"] if c["branch"] == branch and c["suite"] == suite]
     cells.sort(key=lambda c: (not c["used_for_decision"], _grid(c), c["T"] or 0, _shape(c["params"]),
                               c["candidate_backend"]))
     return [_row(c) for c in cells]
@@ -156,6 +167,12 @@ def context(decision: Mapping[str, Any], previous: Mapping[str, Any] | None = No
         "parity_passed": [p for p in decision["parity"] if p["passed"]],
         "comparison": _comparison(decision, previous, previous_name),
         "plots": {name: (plot_files or {}).get(name) for name in decision["branches"]},
+        "grid_header": {name: GRID_COLUMNS.get(b["op"], ("grid", ()))[0] for name, b in decision["branches"].items()},
+        "suites": {name: branch_suite(b) for name, b in decision["branches"].items()},
+        # Candidate families that could not be measured (FA-2 first; the triton entry is absent
+        # from decision files that predate it).
+        "not_measured": [{"name": f.name, "label": f.label, "reason": decision[f.name]["reason"]}
+                         for f in FAMILIES if f.name in decision and not decision[f.name]["ran"]],
         "summary_failures": SUMMARY_FAILURES,
     }
 
@@ -208,7 +225,7 @@ def load_previous(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def write_report(decision_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                  previous_path: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Write report.md, summary.md and one speedup PNG per branch with data; return the paths."""
+    """Write report.md, summary.md and one speedup PNG per threshold key with data; return the paths."""
     decision = load_decision(decision_path)
     previous = load_previous(previous_path) if previous_path else None
     out = Path(out_dir)
@@ -216,9 +233,9 @@ def write_report(decision_path: str | os.PathLike[str], out_dir: str | os.PathLi
     from ci import plots  # matplotlib is slow to import; only this entry point draws
 
     try:
-        cells = [c for c in decision["cells"] if c["suite"] == DECISION_SUITE]
-        plot_files = {name: plots.plot_branch(cells, name, decision["margin"], out / f"speedup_{name}.png")
-                      for name in decision["branches"]}
+        plot_files = {name: plots.plot_branch([c for c in decision["cells"] if c["suite"] == branch_suite(b)],
+                                              name, decision["margin"], out / f"speedup_{name}.png")
+                      for name, b in decision["branches"].items()}
         names = {name: png.name if png else None for name, png in plot_files.items()}
         report = render_report(decision, previous, str(previous_path or ""), names)
         summary = render_summary(decision)

@@ -1,7 +1,15 @@
 """`backend="auto"`: pick the backend of each branch call from the thresholds in configs/base.yaml.
 
 Thresholds are sequence lengths (tokens so far: T in a prefill, t + 1 in a decode step; see
-`AttnCall.seq_len`). A branch uses FA-2 when that length is >= its threshold; -1 disables it.
+`AttnCall.seq_len`). Each op has candidate backends in priority order (`CANDIDATES`), each with
+its own threshold key; a candidate runs when the length is >= its threshold and it can run the
+call, else the next one is tried, else `sdpa` (masked SDPA). -1 disables a candidate.
+
+    op           candidates (priority order)
+    compressed   triton (triton_min_len_cmp), then FA-2 (fa2_min_len_cmp)
+    sliding      FA-2 (fa2_min_len_win)
+    selected     triton (triton_min_len_sel)
+
 The profile `profiles.sm<major><minor>` of the current CUDA device overrides `runtime`; CPU
 tensors always use `sdpa`.
 
@@ -10,8 +18,11 @@ Overrides for experiments (each logged and reported by `describe()`, which resul
     NSA_PROFILE=sm90           use that profile instead of the device's
     NSA_USE_FA2=0|1            0: FA-2 off for every branch; 1: thresholds as configured (default)
     NSA_FA2_FORCE=1            FA-2 for every length; an FA-2 that cannot run then raises
-    NSA_FA2_MIN_LEN_WIN=N, NSA_FA2_MIN_LEN_CMP=N   replace one threshold
-`set_overrides(...)` does the same from code or a CLI flag (`python -m bench run --fa2 off|force`).
+    NSA_FA2_MIN_LEN_WIN=N, NSA_FA2_MIN_LEN_CMP=N   replace one FA-2 threshold
+    NSA_USE_TRITON=0|1         0: the own Triton kernels off for every branch; 1: as configured
+    NSA_TRITON_MIN_LEN_SEL=N, NSA_TRITON_MIN_LEN_CMP=N   replace one Triton threshold
+`set_overrides(...)` does the same from code or a CLI flag (`python -m bench run --fa2 off|force`,
+`--triton off`).
 """
 
 from __future__ import annotations
@@ -34,7 +45,31 @@ from nsa.backends import AttnCall, BackendError
 log = logging.getLogger("nsa.dispatch")
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "base.yaml"
-THRESHOLD_KEYS = {"sliding": "fa2_min_len_win", "compressed": "fa2_min_len_cmp"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One backend `auto` may pick for an op: `backend` (an alias such as `fa2` resolves per
+    device) from the sequence length in threshold `key` up; `family` names its switches."""
+
+    backend: str
+    key: str
+    family: str  # "fa2" or "triton": NSA_USE_<FAMILY>, use_<family>, and the label in `why`
+
+
+FA2, TRITON = "fa2", "triton"
+CANDIDATES: dict[str, tuple[Candidate, ...]] = {
+    "compressed": (Candidate("triton", "triton_min_len_cmp", TRITON), Candidate("fa2", "fa2_min_len_cmp", FA2)),
+    "sliding": (Candidate("fa2", "fa2_min_len_win", FA2),),
+    "selected": (Candidate("triton", "triton_min_len_sel", TRITON),),
+}
+# Every threshold key, FA-2's first (the order of `Thresholds`, results files and reports).
+THRESHOLD_KEYS: tuple[str, ...] = ("fa2_min_len_win", "fa2_min_len_cmp", "triton_min_len_sel", "triton_min_len_cmp")
+FAMILY_OF = {c.key: c.family for cands in CANDIDATES.values() for c in cands}
+LABELS = {FA2: "FA-2", TRITON: "Triton"}
+_ENV_KEYS = ("NSA_CONFIG", "NSA_USE_FA2", "NSA_FA2_FORCE", "NSA_USE_TRITON",
+             *(f"NSA_{k.upper()}" for k in THRESHOLD_KEYS))
+_OVERRIDES = ("use_fa2", "force_fa2", "use_triton", *THRESHOLD_KEYS, "profile", "config")
 
 _cli_overrides: dict[str, Any] = {}
 _cache: dict[tuple, Thresholds] = {}
@@ -49,11 +84,16 @@ class Thresholds:
     profile: str
     fa2_min_len_win: int
     fa2_min_len_cmp: int
+    triton_min_len_sel: int = -1
+    triton_min_len_cmp: int = -1
     force_fa2: bool = False
     sources: dict[str, str] = field(default_factory=dict)
 
-    def for_op(self, op: str) -> int:
-        return getattr(self, THRESHOLD_KEYS[op])
+    def value(self, key: str) -> int:
+        """The threshold `key` (one of THRESHOLD_KEYS)."""
+        if key not in THRESHOLD_KEYS:
+            raise ValueError(f"threshold key must be one of {THRESHOLD_KEYS}, got {key!r}")
+        return getattr(self, key)
 
 
 def device_profile(device: torch.device | str | None) -> str:
@@ -66,12 +106,12 @@ def device_profile(device: torch.device | str | None) -> str:
 
 
 def set_overrides(**values: Any) -> None:
-    """Code/CLI overrides: `use_fa2`, `force_fa2`, `fa2_min_len_win`, `fa2_min_len_cmp`, `profile`,
+    """Code/CLI overrides: `use_fa2`, `force_fa2`, `use_triton`, any threshold key
+    (`fa2_min_len_win`, `fa2_min_len_cmp`, `triton_min_len_sel`, `triton_min_len_cmp`), `profile`,
     `config` (path). `None` removes one. Clears the threshold cache."""
-    allowed = {"use_fa2", "force_fa2", "fa2_min_len_win", "fa2_min_len_cmp", "profile", "config"}
-    unknown = set(values) - allowed
+    unknown = set(values) - set(_OVERRIDES)
     if unknown:
-        raise ValueError(f"override names must be among {sorted(allowed)}, got {sorted(unknown)}")
+        raise ValueError(f"override names must be among {sorted(_OVERRIDES)}, got {sorted(unknown)}")
     for key, value in values.items():
         if value is None:
             _cli_overrides.pop(key, None)
@@ -83,7 +123,7 @@ def set_overrides(**values: Any) -> None:
 
 def _int_threshold(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-        raise ValueError(f"{where} must be an int >= -1 (-1 disables FA-2), got {value!r}; fix the value")
+        raise ValueError(f"{where} must be an int >= -1 (-1 disables that backend), got {value!r}; fix the value")
     return value
 
 
@@ -99,8 +139,7 @@ def _env_bool(name: str) -> bool | None:
 def thresholds(device: torch.device | str | None = None) -> Thresholds:
     """The thresholds in force for `device` (config file, profile, then env and CLI overrides)."""
     profile = str(_cli_overrides.get("profile") or os.environ.get("NSA_PROFILE") or device_profile(device))
-    env_keys = ("NSA_CONFIG", "NSA_USE_FA2", "NSA_FA2_FORCE", "NSA_FA2_MIN_LEN_WIN", "NSA_FA2_MIN_LEN_CMP")
-    key = (profile, tuple(os.environ.get(k) for k in env_keys), tuple(sorted(_cli_overrides.items())))
+    key = (profile, tuple(os.environ.get(k) for k in _ENV_KEYS), tuple(sorted(_cli_overrides.items())))
     if key not in _cache:
         _cache[key] = _load(profile)
     return _cache[key]
@@ -116,7 +155,7 @@ def _load(profile: str) -> Thresholds:
     prof = (doc.get("profiles") or {}).get(profile) or {}
     values: dict[str, int] = {}
     sources: dict[str, str] = {}
-    for name in THRESHOLD_KEYS.values():
+    for name in THRESHOLD_KEYS:
         if name in prof:
             values[name], sources[name] = prof[name], f"{path.name}:profiles.{profile}.{name}"
         elif name in runtime:
@@ -132,15 +171,19 @@ def _load(profile: str) -> Thresholds:
         if name in _cli_overrides:
             values[name], sources[name] = _cli_overrides[name], "override (code/CLI)"
         values[name] = _int_threshold(values[name], sources[name])
+    fa2_keys = [k for k in THRESHOLD_KEYS if FAMILY_OF[k] == FA2]
     use = _cli_overrides.get("use_fa2", _env_bool("NSA_USE_FA2"))
     force = bool(_cli_overrides.get("force_fa2", _env_bool("NSA_FA2_FORCE")))
     if use is False:
-        for name in values:
+        for name in fa2_keys:
             values[name], sources[name] = -1, "NSA_USE_FA2=0 / use_fa2=False"
         force = False
     if force:
-        for name in values:
+        for name in fa2_keys:
             values[name], sources[name] = 0, "NSA_FA2_FORCE=1 / force_fa2=True"
+    if _cli_overrides.get("use_triton", _env_bool("NSA_USE_TRITON")) is False:
+        for name in (k for k in THRESHOLD_KEYS if FAMILY_OF[k] == TRITON):
+            values[name], sources[name] = -1, "NSA_USE_TRITON=0 / use_triton=False"
     result = Thresholds(profile=profile, force_fa2=force, sources=sources, **values)
     if any(not s.startswith(path.name) for s in sources.values()):
         log.warning("nsa dispatch thresholds with overrides: %s", describe_thresholds(result))
@@ -156,33 +199,70 @@ def describe(device: torch.device | str | None = None) -> dict[str, Any]:
     return describe_thresholds(thresholds(device))
 
 
+def pick(call: AttnCall, t: Thresholds) -> tuple[str, str]:
+    """(backend, why) for `call` under thresholds `t`, whatever the device: the first candidate of
+    `CANDIDATES[call.op]` whose threshold `seq_len` clears and that can run the call
+    (`backends.unsupported_reason` is None), else `sdpa`. `why` lists every candidate passed over.
+    Raises BackendError when FA-2 is forced (`t.force_fa2`) and the FA-2 candidate cannot run.
+    `choose` applies it to CUDA tensors; tests call it directly on CPU ones.
+    """
+    cands = CANDIDATES.get(call.op, ())
+    if not cands:
+        return "sdpa", f"no threshold-dispatched backend for the {call.op} op"
+    n = call.seq_len
+    passed: list[str] = []
+    for cand in cands:
+        limit = t.value(cand.key)
+        if limit < 0:
+            passed.append(f"{cand.key}=-1 ({t.sources.get(cand.key, 'default')})")
+            continue
+        if n < limit:
+            passed.append(f"seq_len {n} < {cand.key}={limit}")
+            continue
+        resolved = backends.resolve(cand.backend, call.q.device)
+        reason = backends.unsupported_reason(resolved, call)
+        if reason is None:
+            return resolved, "; ".join([*passed, f"seq_len {n} >= {cand.key}={limit}"])
+        if cand.family == FA2 and t.force_fa2:
+            raise BackendError(f"FA-2 is forced (NSA_FA2_FORCE) but {resolved} cannot run: {reason}")
+        passed.append(f"{LABELS[cand.family]} ({resolved}) cannot run this call: {reason}")
+    return "sdpa", "; ".join(passed)
+
+
 def choose(call: AttnCall) -> str:
     """The backend `auto` runs for `call`; recorded (see `recording`) and logged at debug level."""
     device = call.q.device
     name, why = "sdpa", "cpu tensors always use sdpa"
-    if device.type == "cuda" and call.op in THRESHOLD_KEYS:
-        t = thresholds(device)
-        limit = t.for_op(call.op)
-        if limit < 0:
-            why = f"{THRESHOLD_KEYS[call.op]}=-1 ({t.sources[THRESHOLD_KEYS[call.op]]})"
-        elif call.seq_len < limit:
-            why = f"seq_len {call.seq_len} < {THRESHOLD_KEYS[call.op]}={limit}"
-        else:
-            fa2 = backends.resolve("fa2", device)
-            reason = backends.unsupported_reason(fa2, call)
-            if reason is None:
-                name, why = fa2, f"seq_len {call.seq_len} >= {THRESHOLD_KEYS[call.op]}={limit}"
-            elif t.force_fa2:
-                raise BackendError(f"FA-2 is forced (NSA_FA2_FORCE) but {fa2} cannot run: {reason}")
-            else:
-                why = f"FA-2 ({fa2}) cannot run this call: {reason}"
-    elif device.type == "cuda":
-        why = f"no FA-2 path for the {call.op} op"
+    if device.type == "cuda":
+        name, why = pick(call, thresholds(device))
     log.debug("auto %s seq_len=%d -> %s (%s)", call.op, call.seq_len, name, why)
     rec = _recorder.get()
     if rec is not None:
         rec.append({"op": call.op, "seq_len": call.seq_len, "backend": name, "why": why})
     return name
+
+
+def triton_fused_ok(seq_len: int, device: torch.device | str | None, call: AttnCall | None = None) -> bool:
+    """Whether `auto` would run both the compressed and the selected branch on the own Triton
+    kernels at sequence length `seq_len` (tokens so far) on `device`, so that a caller may use
+    the fused compressed-attention + selection-scores kernel instead of two separate passes.
+
+    True only on a CUDA device where the triton backend is available and `seq_len` is at least
+    both `triton_min_len_cmp` and `triton_min_len_sel` (neither -1, neither switched off by
+    NSA_USE_TRITON=0). Per-call limits (dtype, head dims, sel_block) need a call: pass `call`
+    (any of the layer's branch calls) to require `backends.unsupported_reason("triton", call)`
+    to be None as well. Records nothing; the caller records what it runs.
+    """
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type != "cuda":
+        return False
+    t = thresholds(dev)
+    limits = (t.triton_min_len_cmp, t.triton_min_len_sel)
+    if min(limits) < 0 or seq_len < max(limits):
+        return False
+    if backends.unavailable_reason("triton", dev) is not None:
+        return False
+    return call is None or backends.unsupported_reason("triton", call) is None
 
 
 @contextlib.contextmanager

@@ -140,7 +140,7 @@ def test_gpu_workflow_shape() -> None:
     assert set(on) == {"workflow_dispatch", "schedule"}, "no code from forks on the GPU runner"
     inputs = on["workflow_dispatch"]["inputs"]
     assert {k: (v["type"], v["default"]) for k, v in inputs.items()} == {
-        "suites": ("string", "fa2,calibration"), "size": ("choice", "nightly"), "margin": ("string", "1.2"),
+        "suites": ("string", "fa2,triton,calibration"), "size": ("choice", "nightly"), "margin": ("string", "1.2"),
         "dry_run": ("boolean", False), "runner_label": ("string", "sm90")}
     assert inputs["size"]["options"] == list(SIZES)
     gpu, decide = doc["jobs"]["gpu"], doc["jobs"]["decide"]

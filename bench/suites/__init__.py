@@ -12,8 +12,9 @@ from types import ModuleType
 
 from bench.cases import Cell, expand
 
-SUITES = ("fa2", "masked", "decode", "prefill", "calibration", "fast")
-DEFAULT_SUITES = ("fa2", "calibration")
+SUITES = ("fa2", "triton", "masked", "decode", "prefill", "calibration", "fast")
+# The suites whose cells decide thresholds (fa2: fa2_*, triton: triton_*), plus the A/A noise floor.
+DEFAULT_SUITES = ("fa2", "triton", "calibration")
 
 
 def load(name: str) -> ModuleType:

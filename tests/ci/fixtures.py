@@ -51,6 +51,12 @@ def compressed_params(T: int, block: int = 32, stride: int = 16, B: int = 1, Hq:
             "dtype": dtype}
 
 
+def selected_params(T: int, block: int = 32, stride: int = 16, sel_block: int = 64, sel_count: int = 16,
+                    B: int = 1, Hq: int = 8, Hkv: int = 2, D: int = 64, dtype: str = "bf16") -> dict[str, Any]:
+    return {**compressed_params(T, block, stride, B, Hq, Hkv, D, dtype), "sel_block": sel_block,
+            "sel_count": sel_count}
+
+
 def case(suite: str, op: str, backend: str, params: Mapping[str, Any], median_ms: float | None = 1.0,
          spread: float = TIGHT, status: str = "ok", reason: str = "",
          parity: Mapping[str, Any] | None = None, n: int = N_SAMPLES) -> dict[str, Any]:
@@ -80,8 +86,9 @@ def pair(op: str, params: Mapping[str, Any], speedup: float, candidate: str = "f
 
 def sweep(op: str, speedups: Mapping[int, float | str], **kw: Any) -> list[dict[str, Any]]:
     """Pairs over T; a value "noisy" means true speedup 1.2 (the margin) with +-50% noise."""
-    make = sliding_params if op == "sliding" else compressed_params
-    grid = {k: kw.pop(k) for k in ("window", "block", "stride", "B", "Hq", "Hkv", "D", "dtype") if k in kw}
+    make = {"sliding": sliding_params, "compressed": compressed_params, "selected": selected_params}[op]
+    grid = {k: kw.pop(k) for k in ("window", "block", "stride", "sel_block", "sel_count", "B", "Hq", "Hkv", "D",
+                                   "dtype") if k in kw}
     cases: list[dict[str, Any]] = []
     for T, s in speedups.items():
         if s == "noisy":
@@ -105,18 +112,21 @@ def document(cases: Iterable[Mapping[str, Any]], sm: str = "sm90", method: Mappi
     return results.check(doc, "fixture")
 
 
+TRITON_OFF = {"triton_min_len_sel": -1, "triton_min_len_cmp": -1}
 CONFIG: dict[str, Any] = {
     "nsa": {"cmp_block": 32, "cmp_stride": 16, "sel_block": 64, "sel_count": 16, "window": 512},
     "decide": {"margin": 1.2, "confidence": 0.95},
-    "runtime": {"fa2_min_len_win": -1, "fa2_min_len_cmp": -1},
-    "profiles": {"sm90": {"fa2_min_len_win": -1, "fa2_min_len_cmp": -1}},
+    "runtime": {"fa2_min_len_win": -1, "fa2_min_len_cmp": -1, **TRITON_OFF},
+    "profiles": {"sm90": {"fa2_min_len_win": -1, "fa2_min_len_cmp": -1, **TRITON_OFF}},
 }
 
 
-def config(win: int = -1, cmp: int = -1, runtime: tuple[int, int] = (-1, -1)) -> dict[str, Any]:
-    """CONFIG with the sm90 profile at (win, cmp) and runtime at `runtime`."""
-    return {**CONFIG, "runtime": {"fa2_min_len_win": runtime[0], "fa2_min_len_cmp": runtime[1]},
-            "profiles": {"sm90": {"fa2_min_len_win": win, "fa2_min_len_cmp": cmp}}}
+def config(win: int = -1, cmp: int = -1, runtime: tuple[int, int] = (-1, -1), tsel: int = -1,
+           tcmp: int = -1) -> dict[str, Any]:
+    """CONFIG with the sm90 profile at (win, cmp, tsel, tcmp) and runtime's FA-2 keys at `runtime`."""
+    return {**CONFIG, "runtime": {"fa2_min_len_win": runtime[0], "fa2_min_len_cmp": runtime[1], **TRITON_OFF},
+            "profiles": {"sm90": {"fa2_min_len_win": win, "fa2_min_len_cmp": cmp, "triton_min_len_sel": tsel,
+                                  "triton_min_len_cmp": tcmp}}}
 
 
 # The spec's H100 sliding picture (masked/FA-2 at w=512): adopt from 2048 up.
@@ -138,6 +148,10 @@ def golden_document() -> dict[str, Any]:
     cases.append(case("fa2", "sliding", "sdpa", sliding_params(16384), 16.4))
     cases.append(case("fa2", "selected", "triton", sliding_params(4096), status="failed",
                       reason="triton compile error: out of shared memory"))
+    # Own Triton kernels, suite triton: selected adopts from 4096, compressed wins only short.
+    cases += sweep("selected", {1024: 0.8, 4096: 1.6, 16384: 4.0}, candidate="triton", suite="triton")
+    cases += sweep("compressed", {1024: 2.0, 8192: 0.7}, candidate="triton", suite="triton")
+    cases += sweep("selected", {4096: 0.5}, sel_count=8, candidate="triton", suite="triton")  # off-grid
     cases += calibration(2.0, 0.02) + calibration(0.01, 0.4, T=64)
     nvml = {"available": True, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "temperature_c": 41,
             "throttle_reasons": []}

@@ -19,6 +19,7 @@ REPO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "base.yaml"
 GOLDEN_CASES = [
     ("config_base.yaml", "sm90", {"fa2_min_len_win": 4096, "fa2_min_len_cmp": 2048}),
     ("config_base.yaml", "sm89", {"fa2_min_len_win": 8192}),
+    ("config_base.yaml", "sm80", {"triton_min_len_sel": 4096, "triton_min_len_cmp": 16384}),
     ("config_odd_indent.yaml", "sm90", {"fa2_min_len_win": 16384, "fa2_min_len_cmp": 1024}),
     ("config_flow.yaml", "sm90", {"fa2_min_len_win": 4096, "fa2_min_len_cmp": 512}),
 ]
@@ -71,11 +72,11 @@ def test_odd_layout_needs_the_fallback() -> None:
 
 def test_crlf_and_missing_final_newline_kept() -> None:
     old = _read(GOLDEN / "config_base.yaml").replace("\n", "\r\n").rstrip("\r\n")
-    new = edit_thresholds(old, "sm80", {"fa2_min_len_cmp": 512})
-    # sm80 is the last block, so its cmp key is the file's last line.
+    new = edit_thresholds(old, "sm80", {"triton_min_len_cmp": 512})
+    # sm80 is the last block, so its triton cmp key is the file's last line.
     head, _, last = old.rpartition("\r\n")
-    assert last == "    fa2_min_len_cmp: -1"
-    assert new == head + "\r\n    fa2_min_len_cmp: 512"
+    assert last == "    triton_min_len_cmp: -1"
+    assert new == head + "\r\n    triton_min_len_cmp: 512"
     assert not new.endswith("\n")
     assert new.count("\r\n") == old.count("\r\n")
 
@@ -88,6 +89,18 @@ def test_only_the_named_profile_changes() -> None:
     before["profiles"]["sm80"]["fa2_min_len_win"] = 2048
     assert after == before
     assert after["runtime"]["fa2_min_len_win"] == -1
+
+
+def test_triton_key_edit_keeps_the_fa2_keys_and_other_profiles() -> None:
+    old = _read(GOLDEN / "config_base.yaml")
+    new = edit_thresholds(old, "sm90", {"triton_min_len_sel": 8192})
+    ((before, after),) = _changed_lines(old, new)
+    assert (before, after) == ("    triton_min_len_sel: -1\n", "    triton_min_len_sel: 8192\n")
+    yaml = YAML(typ="safe", pure=True)
+    parsed = yaml.load(new)
+    assert parsed["profiles"]["sm90"] == {"fa2_min_len_win": -1, "fa2_min_len_cmp": -1, "triton_min_len_sel": 8192,
+                                          "triton_min_len_cmp": -1}
+    assert parsed["runtime"]["triton_min_len_sel"] == -1 and parsed["profiles"]["sm89"]["triton_min_len_sel"] == -1
 
 
 def test_no_change_returns_the_same_text() -> None:

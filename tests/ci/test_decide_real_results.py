@@ -21,5 +21,11 @@ def test_real_h200_sweep_proposes_sliding_2048_and_keeps_compressed_off(tmp_path
     # 1024 is rejected in two layouts; every length from 2048 up adopts in every layout.
     assert (win["proposed"], win["changed"]) == (2048, True)
     assert (cmp["proposed"], cmp["changed"]) == (-1, False)
+    # A sweep without the triton suite leaves the triton keys alone and says why.
+    for name in ("triton_sel", "triton_cmp"):
+        b = d["branches"][name]
+        assert (b["proposed"], b["changed"], b["measured"]) == (-1, False, None)
+        assert "no triton case in suite triton" in b["reason"]
+    assert d["triton"]["ran"] is False
     assert not d["failures"]
     assert d["noise_floor"]["worst_half_width"] < 0.03

@@ -354,6 +354,24 @@ def test_dry_run_sends_nothing(
     assert run.outputs() == ["outcome=dry-run", "pr_url="]
 
 
+def test_dry_run_proposes_a_triton_key_and_changes_only_its_line(
+    run: Runner, fake: FakeGitHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    doc = decision(win=(-1, -1))
+    doc["branches"]["triton_sel"] = {"key": "triton_min_len_sel", "current": -1, "proposed": 8192,
+                                     "changed": True, "reason": "measured 8192"}
+    rc, out, _ = run(doc, "--dry-run")
+    assert rc == 0 and "outcome=dry-run" in out and fake.log == []
+    plan = json.loads((run.tmp / "pr" / "pr.json").read_text())
+    assert "triton_sel -1 -> 8192" in plan["title"]
+    diff = (run.tmp / "pr" / "config.diff").read_text()
+    minus = [line for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+    plus = [line for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert (minus, plus) == (["-    triton_min_len_sel: -1"], ["+    triton_min_len_sel: 8192"])
+    assert "   sm90:   # Hopper: H100, H200\n" in diff  # the edited line is in the measured profile
+
+
 @pytest.mark.parametrize("value", ["false", ""])
 def test_dry_run_env_false_or_empty_sends(run: Runner, fake: FakeGitHub, value: str) -> None:
     run.env["NSA_PR_DRY_RUN"] = value  # empty: a scheduled run, which has no inputs

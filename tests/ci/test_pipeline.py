@@ -89,7 +89,7 @@ def test_size_auto_follows_the_probed_device(tmp_path: Path) -> None:
 
     cmd, device, size = pipeline.sweep_command(_args(), tmp_path / "r.json", probe("cuda"))
     assert (device, size) == ("cuda", "nightly")
-    assert cmd[1:] == ["-m", "bench", "run", "--suites", "fa2,calibration", "--size", "nightly",
+    assert cmd[1:] == ["-m", "bench", "run", "--suites", "fa2,triton,calibration", "--size", "nightly",
                        "--device", "cuda", "--out", str(tmp_path / "r.json")]
     assert pipeline.sweep_command(_args(), tmp_path / "r.json", probe("cpu"))[1:] == ("cpu", "smoke")
     explicit = _args(size="full", device="cuda", bench_args="--gpus 2 --rep 50")

@@ -48,7 +48,7 @@ def check_golden(name: str, text: str) -> None:
 
 def test_report_matches_golden() -> None:
     text = report.render_report(golden_decision(), previous_results(), "previous.json",
-                                {"win": "speedup_win.png", "cmp": "speedup_cmp.png"})
+                                {name: f"speedup_{name}.png" for name in ("win", "cmp", "triton_sel", "triton_cmp")})
     check_golden("report.md", text)
 
 
@@ -61,7 +61,8 @@ def test_summary_matches_golden_and_is_small() -> None:
 def test_report_leads_with_failures_and_holds_every_section() -> None:
     text = report.render_report(golden_decision())
     order = ["## Failed cells", "## Device and versions", "## Method", "## Noise floor",
-             "## Branch win", "## Branch cmp", "## Parity", "## Skipped cases"]
+             "## Branch win", "## Branch cmp", "## Branch triton_sel", "## Branch triton_cmp", "## Parity",
+             "## Skipped cases"]
     positions = [text.index(h) for h in order]
     assert positions == sorted(positions)
     assert "parity failed" in text[positions[0]:positions[1]]
@@ -121,13 +122,50 @@ def test_write_report_writes_markdown_and_plots(tmp_path: Path) -> None:
     prev.write_text(json.dumps(previous_results()), encoding="utf-8")
     written = report.write_report(decision_path, tmp_path / "report", prev)
     names = sorted(p.name for p in written)
-    assert names == ["report.md", "speedup_cmp.png", "speedup_win.png", "summary.md"]
-    for png in ("speedup_win.png", "speedup_cmp.png"):
+    assert names == ["report.md", "speedup_cmp.png", "speedup_triton_cmp.png", "speedup_triton_sel.png",
+                     "speedup_win.png", "summary.md"]
+    for png in ("speedup_win.png", "speedup_cmp.png", "speedup_triton_sel.png", "speedup_triton_cmp.png"):
         data = (tmp_path / "report" / png).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000
     text = (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
     assert "![speedup against T, branch win](speedup_win.png)" in text
     assert "## Comparison with the previous run" in text
+
+
+def test_triton_tables_hold_only_suite_triton_cells_with_their_grid() -> None:
+    text = report.render_report(golden_decision())
+    sel = text[text.index("## Branch triton_sel"):text.index("## Branch triton_cmp")]
+    assert "| T | l, d, l', n | shape | candidate |" in sel
+    assert "| 4096 | 32, 16, 64, 16 | B1 Hq8/Hkv2 D64 bf16 | triton |" in sel and "| adopt | yes |" in sel
+    assert "l'=64, n=8 is not nsa.sel_block/sel_count 64/16" in sel
+    assert "flash_attn" not in sel
+    cmp = text[text.index("## Branch triton_cmp"):text.index("## Other comparisons")]
+    assert "| 8192 | 32, 16 | B1 Hq8/Hkv2 D64 bf16 | triton |" in cmp and "flash_attn" not in cmp
+    head = text[:text.index("## Failed cells")]
+    assert "| triton_sel | `triton_min_len_sel` | -1 (`profiles.sm90.triton_min_len_sel`) | 4096 | **changed** |" in head
+    assert "Triton cleared 1.2x only at 1024, not at the longest tested length 8192" in head
+    assert "No Triton threshold can be proposed" not in head
+
+
+def test_fa2_only_run_says_the_triton_kernels_were_not_measured() -> None:
+    conf = decide.DecideConfig.from_mapping(fx.config())
+    decision = decide.decide([("r.json", fx.document(fx.sweep("sliding", {1024: 2.0})))], conf)
+    for text in (report.render_report(decision), report.render_summary(decision)):
+        assert "No Triton threshold can be proposed" in text and "python -m bench run --suites triton" in text
+        assert "FA-2 was unavailable" not in text
+    assert "No selected cells in suite `triton`." in report.render_report(decision)
+
+
+def test_decision_file_from_before_the_triton_keys_still_renders() -> None:
+    decision = golden_decision()
+    del decision["triton"]
+    for name in ("triton_sel", "triton_cmp"):
+        del decision["branches"][name]
+    for b in decision["branches"].values():
+        for key in ("family", "candidate", "suite"):
+            del b[key]
+    text = report.render_report(decision)
+    assert "## Branch cmp" in text and "## Branch triton" not in text and "No Triton threshold" not in text
 
 
 def test_no_plot_for_a_branch_without_timed_cells(tmp_path: Path) -> None:

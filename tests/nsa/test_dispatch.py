@@ -22,14 +22,13 @@ profiles:
 def config(tmp_path, monkeypatch):
     path = tmp_path / "base.yaml"
     path.write_text(YAML)
-    for var in ("NSA_USE_FA2", "NSA_FA2_FORCE", "NSA_FA2_MIN_LEN_WIN", "NSA_FA2_MIN_LEN_CMP", "NSA_PROFILE"):
+    for var in ("NSA_USE_FA2", "NSA_FA2_FORCE", "NSA_FA2_MIN_LEN_WIN", "NSA_FA2_MIN_LEN_CMP", "NSA_PROFILE",
+                "NSA_USE_TRITON", "NSA_TRITON_MIN_LEN_SEL", "NSA_TRITON_MIN_LEN_CMP"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NSA_CONFIG", str(path))
-    dispatch.set_overrides(**{k: None for k in ("use_fa2", "force_fa2", "fa2_min_len_win", "fa2_min_len_cmp",
-                                                  "profile", "config")})
+    dispatch.set_overrides(**{k: None for k in dispatch._OVERRIDES})
     yield path
-    dispatch.set_overrides(**{k: None for k in ("use_fa2", "force_fa2", "fa2_min_len_win", "fa2_min_len_cmp",
-                                                  "profile", "config")})
+    dispatch.set_overrides(**{k: None for k in dispatch._OVERRIDES})
 
 
 def test_profile_overrides_runtime_and_falls_back(config, monkeypatch):
@@ -98,8 +97,11 @@ def test_repo_config_documents_every_key():
         above = lines[i - 1].strip() if i else ""
         documented[key] = documented.get(key, False) or "#" in line or above.startswith("#")
     assert documented and all(documented.values()), [k for k, ok in documented.items() if not ok]
+    assert all(key in documented for key in dispatch.THRESHOLD_KEYS)
     dispatch.set_overrides(config=str(dispatch.DEFAULT_CONFIG))
     try:
-        assert dispatch.thresholds().fa2_min_len_win >= -1
+        t = dispatch.thresholds()
+        assert t.fa2_min_len_win >= -1 and t.triton_min_len_sel >= -1
+        assert all(t.sources[key].startswith("base.yaml:") for key in dispatch.THRESHOLD_KEYS)
     finally:
         dispatch.set_overrides(config=None)

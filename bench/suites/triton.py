@@ -1,0 +1,72 @@
+"""The own Triton kernels against masked SDPA on the selected and compressed branches: the data
+behind `triton_min_len_sel` and `triton_min_len_cmp` (configs/base.yaml).
+
+Baseline `sdpa` (masked SDPA), candidate `triton` (nsa/backends/triton_nsa.py). Same method as
+the fa2 suite: every variant is parity-checked against an fp32 computation of the same op on the
+same inputs (tolerance: 2x masked SDPA's own error + a floor) before timing, and both variants of
+a cell are timed interleaved. `selected` uses block indices from `ops.select_blocks`, computed
+once per cell outside the timed call, so both sides attend to the same real selection.
+
+Grids: nightly and full sweep the fa2 suite's lengths and layouts at the paper's l = 32, d = 16,
+l' = 64, n = 16 (the model's configuration, which `ci decide` uses), in bf16. Smoke is tiny (small
+blocks too, so reported only) and fp16: on a CPU the kernels run under Triton's interpreter, about
+a second per call at T = 40, and only with TRITON_INTERPRET=1 set before the process starts;
+without it the `triton` cases are recorded as skipped with the reason. The interpreter of triton
+3.6 computes `tl.dot` on bf16 wrongly (errors ~1e9 where fp16 and fp32 are exact), so on a CPU a
+bf16 `triton` case is skipped with that reason instead of failing parity.
+
+Nightly cost (42 cells): at most ~10 timed calls per variant of tens of ms at T = 16384, plus the
+parity reference and one kernel compile per head layout, so on the order of two minutes on an
+H100 (an estimate from the H200 timings in results/h200, not a measurement of this suite).
+"""
+
+from __future__ import annotations
+
+from bench.cases import CaseSpec, Cell, Variant, Workload, product
+from bench.suites.fa2 import BATCH4, BF16, FULL_T, GQA64, MHA128, NIGHTLY_T, PAPER
+
+VARIANTS = (Variant("sdpa", "baseline"), Variant("triton"))
+CMP_PAPER = {"block": 32, "stride": 16}
+SEL_PAPER = {**CMP_PAPER, "sel_block": 64, "sel_count": 16}
+# One KV head (the whole group in one program) and small blocks keep the interpreter quick.
+SMOKE = {"B": 1, "Hq": 4, "Hkv": 1, "Dk": 32, "Dv": 32}
+CMP_SMOKE = {"block": 16, "stride": 8}
+SEL_SMOKE = {**CMP_SMOKE, "sel_block": 16, "sel_count": 4}
+SMOKE_T = (40, 72)
+FP16 = ("fp16",)
+CPU_BF16 = ("Triton's CPU interpreter (TRITON_INTERPRET=1) computes tl.dot on bf16 wrongly; bf16 cells "
+            "need a GPU (the smoke grid is fp16)")
+# Masked SDPA's selected mask is O(Hq * T^2) per call: the 64-head layout stops at 32k.
+PAPER_T = NIGHTLY_T + (32768,)
+
+
+def _with(layouts, knobs):
+    return tuple({**lay, **knobs} for lay in layouts)
+
+
+def _grid(smoke: dict, paper: dict) -> dict[str, tuple]:
+    return {
+        "smoke": product(layout=_with((SMOKE,), smoke), T=SMOKE_T, dtype=FP16),
+        "nightly": product(layout=_with((GQA64, MHA128, BATCH4), paper), T=NIGHTLY_T, dtype=BF16),
+        "full": (product(layout=_with((GQA64, MHA128), paper), T=FULL_T, dtype=BF16)
+                 + product(layout=_with((PAPER, BATCH4), paper), T=PAPER_T, dtype=BF16)
+                 + product(layout=_with((GQA64,), paper), T=NIGHTLY_T, dtype=("fp16",))),
+    }
+
+
+SPECS = (
+    CaseSpec("selected", VARIANTS, _grid(SEL_SMOKE, SEL_PAPER)),
+    CaseSpec("compressed", VARIANTS, _grid(CMP_SMOKE, CMP_PAPER)),
+)
+
+
+def build(cell: Cell, device) -> Workload:
+    from bench.suites import branch
+
+    work = branch.build(cell, device, basis="sdpa")
+    for v in cell.variants:
+        if work.backends.get(v.key) == "triton" and v.key in work.fns and device.type == "cpu" \
+                and cell.params["dtype"] == "bf16":
+            del work.fns[v.key]
+            work.reasons[v.key] = CPU_BF16
+    return work
