@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _variants() -> dict[str, list[dict]]:
-    cmp = [{"score_mode": m, "score_carry": c} for m, c in itertools.product((0, 1), (True, False))]
+    cmp = [{"score_carry": c} for c in (True, False)]
     cmp += [{"cmp_rows": r, "cmp_bc": bc, "cmp_warps": w, "cmp_stages": s}
             for r, bc, w, s in itertools.product((64, 128), (32, 64), (4, 8), (1, 2, 3))]
     sel = [{"sel_warps": w, "sel_stages": s} for w, s in itertools.product((2, 4), (None, 2, 3))]

@@ -235,11 +235,17 @@ def choose(call: AttnCall) -> str:
     name, why = "sdpa", "cpu tensors always use sdpa"
     if device.type == "cuda":
         name, why = pick(call, thresholds(device))
-    log.debug("auto %s seq_len=%d -> %s (%s)", call.op, call.seq_len, name, why)
+    record(call.op, call.seq_len, name, why)
+    return name
+
+
+def record(op: str, seq_len: int, backend: str, why: str) -> None:
+    """Log one `auto` choice and add it to the active `recording()` (also used by nsa.module for
+    its choice of the fused Triton path, op `nsa_triton_path`)."""
+    log.debug("auto %s seq_len=%d -> %s (%s)", op, seq_len, backend, why)
     rec = _recorder.get()
     if rec is not None:
-        rec.append({"op": call.op, "seq_len": call.seq_len, "backend": name, "why": why})
-    return name
+        rec.append({"op": op, "seq_len": seq_len, "backend": backend, "why": why})
 
 
 def triton_fused_ok(seq_len: int, device: torch.device | str | None, call: AttnCall | None = None) -> bool:

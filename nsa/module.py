@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from nsa import ops
+from nsa import dispatch, ops
+from nsa.backends import AttnCall
 from nsa.backends.sdpa import masked_attention
 from nsa.compression import MLPCompressor, avg_compress
 from nsa.config import NSAConfig
@@ -166,7 +167,7 @@ class NSAAttention(nn.Module):
         per branch.
         """
         c = self.config
-        if self.backend == "triton":
+        if self._use_triton(q, kv[self._kv_name("sel")][1], q.shape[1]):
             return self._attend_triton(q, kv, gates, branches)
         out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
         k_c, v_c = kv[self._kv_name("cmp")]
@@ -220,6 +221,22 @@ class NSAAttention(nn.Module):
         if o_win is not None:
             out = out + gates[..., 2:3] * o_win
         return out
+
+    def _use_triton(self, q: Tensor, v: Tensor, seq_len: int) -> bool:
+        """The Triton path: always with `backend="triton"`; with `"auto"` where the dispatch
+        thresholds put both the compressed and the selected branch on Triton at this length
+        (`triton_min_len_cmp` / `triton_min_len_sel`, nsa.dispatch.triton_fused_ok) and the
+        kernels support this call; recorded like every other auto choice."""
+        if self.backend == "triton":
+            return True
+        if self.backend != "auto" or q.device.type != "cuda":
+            return False
+        c = self.config
+        call = AttnCall("selected", q, v, v, c.softmax_scale, q_start=seq_len - q.shape[1], sel_block=c.sel_block)
+        ok = dispatch.triton_fused_ok(seq_len, q.device, call)
+        dispatch.record("nsa_triton_path", seq_len, "triton" if ok else "per-branch",
+                        "triton_fused_ok" if ok else "below the triton thresholds or unsupported")
+        return ok
 
     def _cmp_topn_triton(self, q: Tensor, kc: Tensor, vc: Tensor, branches: Sequence[str],
                          q_start: int) -> tuple[Tensor | None, Tensor | None]:
@@ -291,7 +308,7 @@ class NSAAttention(nn.Module):
         self._extend_compressed(cache, t)
         reads = ReadCounts()
         out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
-        fused = self.backend == "triton" and bool({"cmp", "sel"} & set(branches))
+        fused = bool({"cmp", "sel"} & set(branches)) and self._use_triton(q, cache.raw[self._kv_name("sel")][1].view(), t + 1)
         if fused:
             o_cmp, idx = self._cmp_topn_triton(q, cache.k_cmp, cache.v_cmp, branches, t)
             if o_cmp is not None:

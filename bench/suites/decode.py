@@ -234,8 +234,11 @@ def _branch_backends(backend: str, branches: tuple[str, ...], choices: list[dict
     """What ran per branch: nsa.dispatch's record, else the explicit module backend; with auto,
     the selection decode is a gather + masked SDPA inside the module (never dispatched)."""
     by_op = {c["op"]: c["backend"] for c in choices}
-    default = {"cmp": "sdpa" if backend == "auto" else backend, "sel": "triton" if backend == "triton" else "sdpa",
-               "win": "sdpa"}
+    # With auto above the triton thresholds the module takes its fused Triton path (recorded as
+    # op nsa_triton_path): compressed and selected both run on Triton, neither is dispatched.
+    fused = backend == "triton" or by_op.get("nsa_triton_path") == "triton"
+    default = {"cmp": "triton" if fused else ("sdpa" if backend == "auto" else backend),
+               "sel": "triton" if fused else "sdpa", "win": "sdpa"}
     return {b: by_op.get(op, default[b]) for b, op in (("cmp", "compressed"), ("sel", "selected"),
                                                      ("win", "sliding")) if b in branches}
 

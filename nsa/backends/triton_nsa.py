@@ -153,9 +153,9 @@ if triton is not None:
         """Eq. 9 for one compressed tile: `ps [BTQ, BC]` (probabilities summed over the group's
         heads, Eq. 10) -> group scores of selection blocks `jb + [0, NBW)`, `[BTQ, NBW]` fp32.
         w[i, j] = tokens shared by compressed token i `[i*D, i*D+L)` and block j
-        `[j*SEL, (j+1)*SEL)`. MODE 0: broadcast-sum; 1: fp32 dot (needs BTQ, NBW >= 16). Both
-        full fp32: ranks must not move with rounding (a 3xTF32 tensor-core variant was 2x slower
-        on the H100 and not within 1e-5 there)."""
+        `[j*SEL, (j+1)*SEL)`. MODE 0: broadcast-sum (BTQ < 16); 1: fp32 dot (BTQ, NBW >= 16).
+        Both full fp32: ranks must not move with rounding (a 3xTF32 tensor-core variant was 2x
+        slower on the H100 and not within 1e-5 there)."""
         offs_j = jb + tl.arange(0, NBW)
         lo = tl.maximum(offs_c[:, None] * D, offs_j[None, :] * SEL)
         hi = tl.minimum(offs_c[:, None] * D + L, (offs_j[None, :] + 1) * SEL)
@@ -325,11 +325,10 @@ def _selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, s
 # Launch parameters; the defaults are what bench/triton_tiles.py measured best on the H100 (it
 # sweeps them by editing this dict). Under the interpreter smaller tiles keep CPU tests quick.
 TILES: dict[str, Any] = {
-    "cmp_rows": 128,        # (query, head) rows per compressed-kernel program
-    "cmp_bc": 64,           # compressed keys per tile
-    "cmp_warps": 8,
-    "cmp_stages": 2,        # None: Triton's default
-    "score_mode": "auto",   # 0 or 1 (see _group_scores), or auto
+    "cmp_rows": 64,         # (query, head) rows per compressed-kernel program: 4 queries x 16 heads
+    "cmp_bc": 32,           # compressed keys per tile
+    "cmp_warps": 4,         # one warp per query's 16 heads: the sum over heads stays in a warp
+    "cmp_stages": 3,        # None: Triton's default
     "score_carry": True,    # carry block spill in registers when the tile ends on a block edge
     "sel_warps": 2,
     "sel_stages": 2,
@@ -353,23 +352,18 @@ def _cmp_tiles(tq: int, group: int) -> tuple[int, int, int]:
     return btq, gp, 16 if _interpret() else TILES["cmp_bc"]
 
 
-def _score_layout(btq: int, gp: int, bc: int, block: int, stride: int, sel_block: int) -> tuple[int, int]:
-    """(score mode, shift): shift > 0 carries the spill in registers (tiles end on block edges)."""
+def _score_layout(btq: int, bc: int, block: int, stride: int, sel_block: int) -> tuple[int, int]:
+    """(score mode, shift). Mode 0 (broadcast-sum) for query tiles < 16, mode 1 (fp32 dot)
+    otherwise: for tiles >= 16 Triton rewrites a broadcast-multiply-sum into a TF32 tensor-core
+    dot (seen on the H100: scores off by 4e-4), which would let rounding move the ranks.
+    shift > 0 carries the spill in registers (tiles end on block edges)."""
+    mode = 1 if btq >= 16 else 0
     shift = 0
     if TILES["score_carry"] and (bc * stride) % sel_block == 0:
         cand = bc * stride // sel_block
         spill = -(-max(0, block - stride) // sel_block)
-        if _pow2(cand) and spill <= cand:
+        if _pow2(cand) and spill <= cand and (mode == 0 or cand >= 16):
             shift = cand
-    width = shift or _np2((bc * stride + block) // sel_block + 2, 16)
-    mode = TILES["score_mode"]
-    if mode == "auto":
-        # The broadcast-sum holds BTQ * BC * width values: fine for the paper's 8 queries x 16
-        # heads per tile; a large query tile (small groups) uses the dot.
-        mode = 1 if btq >= 16 and width >= 16 else 0
-    if mode not in (0, 1) or (mode == 1 and (btq < 16 or width < 16)):
-        raise ValueError(f"score_mode must be 0, or 1 where tl.dot sizes are >= 16 (queries {btq}, blocks "
-                         f"{width}), got {mode!r}; use 0 or auto")
     return mode, shift
 
 
@@ -391,7 +385,7 @@ def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int
     group = hq // hkv
     btq, gp, bc = _cmp_tiles(tq, group)
     exact = q.dtype == torch.float32
-    mode, shift = _score_layout(btq, gp, bc, block, stride, sel_block)
+    mode, shift = _score_layout(btq, bc, block, stride, sel_block)
     bnb = _np2((bc * stride + block) // sel_block + 2, 16)
     _cmp_group[(triton.cdiv(tq, btq), b * hkv)](
         q, k_cmp, v_cmp, o, s, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),

@@ -238,3 +238,25 @@ def test_bench_cli_triton_off_is_applied_and_recorded(config, tmp_path):
     assert d["sources"]["triton_min_len_sel"] == "NSA_USE_TRITON=0 / use_triton=False"
     with pytest.raises(SystemExit):
         cli.main([*argv[:-2], "--triton", "force"])
+
+
+def test_module_auto_takes_the_triton_path_only_on_cuda_above_both_thresholds(monkeypatch):
+    """NSAAttention(backend="auto") asks dispatch.triton_fused_ok and records the choice; on CPU
+    tensors it never takes the Triton path, whatever the thresholds."""
+    import torch
+
+    from nsa import NSAAttention, NSAConfig, dispatch
+
+    cfg = NSAConfig(dim=32, n_heads=4, n_kv_heads=2, head_dim_qk=16, head_dim_v=16, cmp_block=8, cmp_stride=4,
+                    sel_block=16, sel_count=3, window=8)
+    m = NSAAttention(cfg)
+    asked = []
+    monkeypatch.setattr(dispatch, "triton_fused_ok", lambda n, dev, call=None: asked.append(n) or True)
+    x = torch.randn(1, 20, 32)
+    assert m._use_triton(x.new_zeros(1, 20, 4, 16), x.new_zeros(1, 20, 2, 16), 20) is False
+    assert asked == [], "CPU tensors never reach the threshold check"
+    q = torch.zeros(1, 20, 4, 16, device="meta")
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda")), raising=False)
+    with dispatch.recording() as rec:
+        assert m._use_triton(q, q[:, :, :2], 20) is True
+    assert asked == [20] and rec[-1]["op"] == "nsa_triton_path" and rec[-1]["backend"] == "triton"
