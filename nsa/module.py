@@ -306,9 +306,19 @@ class NSAAttention(nn.Module):
             vb.append(kv[name][1])
         cache.length = t + 1
         self._extend_compressed(cache, t)
+        return self._out(self.decode_attend(q, gates, cache, branches))
+
+    def decode_attend(self, q: Tensor, gates: Tensor, cache: NSACache, branches: Sequence[str] = BRANCHES) -> Tensor:
+        """The attention of one decode step, projections excluded (as in the prefill benches):
+        `q [B, 1, Hq, dk]` (RoPE applied) and `gates [B, 1, Hq, 3]` of the token at
+        `t = cache.length - 1`, whose K/V the cache already holds -> `[B, 1, Hq, dv]`. Sets
+        `cache.reads`; changes nothing else, so it can be replayed (CUDA graphs)."""
+        c = self.config
+        t = cache.length - 1
         reads = ReadCounts()
         out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
-        fused = bool({"cmp", "sel"} & set(branches)) and self._use_triton(q, cache.raw[self._kv_name("sel")][1].view(), t + 1)
+        v_sel = cache.raw[self._kv_name("sel")][1].view()
+        fused = bool({"cmp", "sel"} & set(branches)) and self._use_triton(q, v_sel, t + 1)
         if fused:
             o_cmp, idx = self._cmp_topn_triton(q, cache.k_cmp, cache.v_cmp, branches, t)
             if o_cmp is not None:
@@ -342,7 +352,7 @@ class NSAAttention(nn.Module):
             reads.win = k_w.shape[1]
             out = out + gates[..., 2:3] * o
         cache.reads = reads
-        return self._out(out)
+        return out
 
     def _extend_compressed(self, cache: NSACache, t: int) -> None:
         """Emit compressed token `(t+1-l)/d` when `t + 1 >= l` and `(t + 1 - l) % d == 0`."""
