@@ -253,6 +253,103 @@ if triton is not None:
                  acc.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
 
     @triton.jit
+    def _cmp_split(Q, KC, VC, ML, PACC, S, SPILL,
+                   sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, ssb, sst, ssh,
+                   T, Tc, NB, q_start, scale, NS,
+                   PASS: tl.constexpr, NSP: tl.constexpr, CH: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr,
+                   GP: tl.constexpr, BTQ: tl.constexpr, L: tl.constexpr, D: tl.constexpr, SEL: tl.constexpr,
+                   DK: tl.constexpr, DV: tl.constexpr, BC: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+                   SCORES: tl.constexpr, SCORE_MODE: tl.constexpr, SHIFT: tl.constexpr, IEEE: tl.constexpr):
+        """Decode (a few queries, long context): `_cmp_group` split over chunks of CH compressed
+        keys, one program per (chunk, KV group), so a step uses the whole GPU. PASS 1: each
+        chunk's softmax stats -> ML. PASS 2: the global stats from every chunk's, then this
+        chunk's output share -> PACC (summed on the host) and its block scores -> S, with the
+        spill past the chunk's last block -> SPILL (added by `_add_spill`)."""
+        M: tl.constexpr = BTQ * GP
+        s = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // HKV
+        h = bh % HKV
+        rows = tl.arange(0, M)
+        offs_t = rows // GP
+        g = rows % GP
+        row_ok = (offs_t < T) & (g < G)
+        t_abs = q_start + offs_t
+        c_lo = s * CH
+        nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
+        nvis = tl.where(row_ok, tl.minimum(tl.minimum(nvis, Tc), c_lo + CH), 0)   # this chunk's keys only
+        offs_dk = tl.arange(0, BDK)
+        heads = h * G + g
+        q = tl.load(Q + b * sqb + offs_t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
+                    mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+        kc_base = b * skb + h * skh
+        if PASS == 1:
+            m_i = tl.full([M], float("-inf"), tl.float32)
+            l_i = tl.zeros([M], tl.float32)
+            for i in range(0, CH, BC):
+                qk = _cmp_logits(q, KC, kc_base, skt, c_lo + i, nvis, Tc, scale, BC, BDK, DK, IEEE)
+                qk = tl.where((c_lo + i + tl.arange(0, BC))[None, :] >= c_lo, qk, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(qk, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                l_i = l_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(qk - m_safe[:, None]), 1)
+                m_i = m_new
+            tl.store(ML + (s * tl.num_programs(1) + bh) * M + rows, m_i)
+            tl.store(ML + ((NS + s) * tl.num_programs(1) + bh) * M + rows, l_i)
+        else:
+            offs_s = tl.arange(0, NSP)
+            at = (offs_s[:, None] * tl.num_programs(1) + bh) * M + rows[None, :]
+            m_all = tl.load(ML + at, mask=offs_s[:, None] < NS, other=float("-inf"))
+            l_all = tl.load(ML + NS * tl.num_programs(1) * M + at, mask=offs_s[:, None] < NS, other=0.0)
+            m_max = tl.max(m_all, 0)
+            m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+            l_tot = tl.sum(l_all * tl.exp(m_all - m_safe[None, :]), 0)
+            inv_l = 1.0 / tl.where(l_tot == 0.0, 1.0, l_tot)
+            offs_dv = tl.arange(0, BDV)
+            acc = tl.zeros([M, BDV], tl.float32)
+            t_first = tl.arange(0, BTQ)
+            carry = tl.zeros([BTQ, SHIFT], tl.float32)
+            for i in range(0, CH, BC):
+                c0 = c_lo + i
+                qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE)
+                p = tl.exp(qk - m_safe[:, None]) * inv_l[:, None]
+                offs_c = c0 + tl.arange(0, BC)
+                vc = tl.load(VC + b * svb + offs_c[:, None] * svt + h * svh + offs_dv[None, :],
+                             mask=(offs_c[:, None] < Tc) & (offs_dv[None, :] < DV), other=0.0)
+                if IEEE:
+                    acc += tl.dot(p, vc.to(tl.float32), input_precision="ieee")
+                else:
+                    acc += tl.dot(p.to(vc.dtype), vc)
+                if SCORES:
+                    jb = (c0 * D) // SEL
+                    ps = tl.sum(tl.reshape(p, [BTQ, GP, BC]), 1)
+                    own = carry + _group_scores(ps, offs_c, jb, SHIFT, L, D, SEL, SCORE_MODE)
+                    carry = _group_scores(ps, offs_c, jb + SHIFT, SHIFT, L, D, SEL, SCORE_MODE)
+                    offs_j = jb + tl.arange(0, SHIFT)
+                    tl.store(S + b * ssb + t_first[:, None] * sst + h * ssh + offs_j[None, :], own,
+                             mask=(t_first[:, None] < T) & (offs_j[None, :] < NB))
+            tl.store(PACC + ((s * tl.num_programs(1) + bh) * M + rows[:, None]) * BDV + offs_dv[None, :], acc)
+            if SCORES:
+                tl.store(SPILL + ((s * tl.num_programs(1) + bh) * BTQ + t_first[:, None]) * SHIFT
+                         + tl.arange(0, SHIFT)[None, :], carry)
+
+    @triton.jit
+    def _add_spill(S, SPILL, ssb, sst, ssh, T, NB,
+                   HKV: tl.constexpr, BTQ: tl.constexpr, SHIFT: tl.constexpr, CHB: tl.constexpr):
+        """S[block (s+1)*CHB + k] += SPILL[s, k]: chunk s's scores past its last block (the next
+        chunk's own stores are done; chunks' spill ranges do not overlap)."""
+        s = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // HKV
+        h = bh % HKV
+        t = tl.arange(0, BTQ)
+        k = tl.arange(0, SHIFT)
+        spill = tl.load(SPILL + ((s * tl.num_programs(1) + bh) * BTQ + t[:, None]) * SHIFT + k[None, :])
+        offs_j = (s + 1) * CHB + k
+        ptr = S + b * ssb + t[:, None] * sst + h * ssh + offs_j[None, :]
+        mask = (t[:, None] < T) & (offs_j[None, :] < NB)
+        tl.store(ptr, tl.load(ptr, mask=mask, other=0.0) + spill, mask=mask)
+
+    @triton.jit
     def _topn(S, IDX, ssb, sst, ssh, sib, sit, sih, NB, q_start,
               HKV: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, BNB: tl.constexpr, BN: tl.constexpr):
         """One row of group scores -> its `N` blocks: forced block 0, current and previous; then the
@@ -332,6 +429,9 @@ TILES: dict[str, Any] = {
     "score_carry": True,    # carry block spill in registers when the tile ends on a block edge
     "sel_warps": 2,
     "sel_stages": 2,
+    "split_tiles": 4,       # decode: compressed tiles per chunk of the split kernel
+    "split_warps": 4,
+    "split_stages": None,
 }
 
 
@@ -386,6 +486,12 @@ def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int
     btq, gp, bc = _cmp_tiles(tq, group)
     exact = q.dtype == torch.float32
     mode, shift = _score_layout(btq, bc, block, stride, sel_block)
+    chunk = bc * TILES["split_tiles"]
+    max_vis = min(tc, max(0, (q_start + tq - block) // stride + 1))
+    if tq <= btq and shift > 0 and (chunk * stride) % sel_block == 0 and max_vis > chunk:
+        return _compressed_split(q, k_cmp, v_cmp, o, s, block=block, stride=stride, sel_block=sel_block, scale=scale,
+                                 q_start=q_start, scores=scores, btq=btq, gp=gp, bc=bc, mode=mode, shift=shift,
+                                 chunk=chunk, n_split=triton.cdiv(max_vis, chunk))
     bnb = _np2((bc * stride + block) // sel_block + 2, 16)
     _cmp_group[(triton.cdiv(tq, btq), b * hkv)](
         q, k_cmp, v_cmp, o, s, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
@@ -394,6 +500,33 @@ def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int
         TC_ALL=tc if _interpret() else 0, HKV=hkv, G=group, GP=gp, BTQ=btq, L=block, D=stride, SEL=sel_block,
         DK=dk, DV=dv, BC=bc, BNB=bnb, BDK=_np2(dk), BDV=_np2(dv), SCORES=scores, SCORE_MODE=mode, SHIFT=shift,
         IEEE=exact, DYN_LOOP=not _interpret(), **_launch("cmp"))
+    return o, s if scores else None
+
+
+def _compressed_split(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tensor, *, block: int, stride: int,
+                      sel_block: int, scale: float, q_start: int, scores: bool, btq: int, gp: int, bc: int, mode: int,
+                      shift: int, chunk: int, n_split: int) -> tuple[Tensor, Tensor | None]:
+    """Decode: `_cmp_split` over `n_split` chunks of the compressed keys (flash-decoding), then the
+    output shares summed and the chunks' score spill added."""
+    b, tq, hq, dk = q.shape
+    tc, hkv, dv = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[-1]
+    rows, bh, bdv = btq * gp, b * hkv, _np2(dv)
+    ml = torch.empty(2, n_split, bh, rows, dtype=torch.float32, device=q.device)
+    pacc = torch.empty(n_split, bh, rows, bdv, dtype=torch.float32, device=q.device)
+    spill = torch.empty(n_split, bh, btq, shift, dtype=torch.float32, device=q.device)
+    args = (q, k_cmp, v_cmp, ml, pacc, s, spill, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0),
+            k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), s.stride(0),
+            s.stride(1), s.stride(2), tq, tc, s.shape[-1], q_start, scale, n_split)
+    meta = dict(NSP=_np2(n_split, 1), CH=chunk, HKV=hkv, G=hq // hkv, GP=gp, BTQ=btq, L=block, D=stride,
+                SEL=sel_block, DK=dk, DV=dv, BC=bc, BDK=_np2(dk), BDV=bdv, SCORES=scores, SCORE_MODE=mode,
+                SHIFT=shift, IEEE=q.dtype == torch.float32, **_launch("split"))
+    _cmp_split[(n_split, bh)](*args, PASS=1, **meta)
+    _cmp_split[(n_split, bh)](*args, PASS=2, **meta)
+    if scores and n_split > 1:
+        _add_spill[(n_split - 1, bh)](s, spill, s.stride(0), s.stride(1), s.stride(2), tq, s.shape[-1], HKV=hkv,
+                                      BTQ=btq, SHIFT=shift, CHB=chunk * stride // sel_block)
+    out = pacc.sum(0).view(b, hkv, btq, gp, bdv)[:, :, :tq, :hq // hkv, :dv]
+    o.copy_(out.permute(0, 2, 1, 3, 4).reshape(b, tq, hq, dv))
     return o, s if scores else None
 
 

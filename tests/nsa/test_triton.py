@@ -134,3 +134,28 @@ def test_triton_topn_matches_select_topn(q_start, seed):
     assert torch.equal(ours.long(), want.long())
     if q_start == 0:
         assert (ours[:, :2] == -1).any(), "early rows have fewer candidates than n: the -1 padding is exercised"
+
+
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=IDS[1:])
+def test_triton_split_decode_matches_prefill_rows(shape, seed, monkeypatch):
+    """Decode splits the compressed keys over chunks (flash-decoding) when the queries fit one
+    tile: same output as the oracle and the same score rows as the one-tile kernel (chunks of
+    16 compressed keys here, so 2-3 chunks with a spill between them). GQA 1 pads its tile to 16
+    queries, whose fp32-dot block map has no carry, so it keeps the one-tile kernel."""
+    b, _, hq, hkv, dk, dv = shape
+    t = 150
+    q, k, v = qkv(b, t, hq, hkv, dk, dv, device=DEV)
+    kc, vc = ops.compress_kv(k, v, block=8, stride=4)
+    scale = dk ** -0.5
+    full_o, full_s = triton_nsa.compressed_and_scores(q, kc, vc, block=8, stride=4, sel_block=16, scale=scale)
+    ref = reference.compressed_attention(q, kc, vc, block=8, stride=4)
+    monkeypatch.setitem(triton_nsa.TILES, "split_tiles", 1)
+    calls = []
+    real = triton_nsa._compressed_split
+    monkeypatch.setattr(triton_nsa, "_compressed_split", lambda *a, **kw: calls.append(kw["n_split"]) or real(*a, **kw))
+    for start in (t - 1, 70):
+        o1, s1 = triton_nsa.compressed_and_scores(q[:, start:start + 1], kc, vc, block=8, stride=4, sel_block=16,
+                                                  scale=scale, q_start=start)
+        assert rel_err(o1, ref[:, start:start + 1]) < 1e-5
+        assert torch.allclose(s1, full_s[:, start:start + 1, :, :s1.shape[-1]], rtol=1e-5, atol=1e-6)
+    assert calls and min(calls) >= 2, f"the split path ran with several chunks: {calls}"
