@@ -2,7 +2,8 @@
 
     python bench/triton_tiles.py --T 65536 [--json out.json]
 
-Paper layout (64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16), bf16, B=1. Every variant is
+Paper layout (64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16), bf16, B=1 (decode: one
+query at t = T - 1 for B=8 sequences, the split kernel's chunking). Every variant is
 checked against the default configuration's output before it is timed (same compressed output
 to bf16 rounding, same scores to 1e-5 relative, same selected output), so a faster variant
 that computes something else is reported as wrong, not as a win. Timing: bench.timing (CUDA
@@ -24,9 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def _variants() -> dict[str, list[dict]]:
     cmp = [{"score_carry": c} for c in (True, False)]
     cmp += [{"cmp_rows": r, "cmp_bc": bc, "cmp_warps": w, "cmp_stages": s}
-            for r, bc, w, s in itertools.product((64, 128), (32, 64), (4, 8), (1, 2, 3))]
-    sel = [{"sel_warps": w, "sel_stages": s} for w, s in itertools.product((2, 4), (None, 2, 3))]
-    return {"cmp": cmp, "sel": sel}
+            for r, bc, w, s in itertools.product((16, 32, 64), (32, 64), (1, 2, 4), (2, 3)) if w * 16 <= r]
+    sel = [{"sel_warps": w, "sel_stages": s} for w, s in itertools.product((1, 2, 4), (2, 3))]
+    dec = [{"split_tiles": n, "split_warps": w} for n, w in itertools.product((1, 2, 4, 8), (1, 2, 4))]
+    return {"cmp": cmp, "sel": sel, "dec": dec}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,18 +63,27 @@ def main(argv: list[str] | None = None) -> int:
         return ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton")
 
     sel_ref = sel()
+    # Decode: one query per sequence at t = T - 1, B = 8, over the same compressed keys.
+    qd = r(8, 1, 64, 128)
+    kcd, vcd = kc.expand(8, -1, -1, -1).contiguous(), vc.expand(8, -1, -1, -1).contiguous()
+
+    def dec():
+        return triton_nsa.compressed_and_scores(qd, kcd, vcd, block=32, stride=16, sel_block=64, scale=128 ** -0.5,
+                                                q_start=t - 1)
+
+    refs = {"cmp": (o_ref, s_ref), "sel": sel_ref, "dec": dec()}
     timer = Timer(warmup_ms=25, rep_ms=200, min_rep=5, max_rep=20)
-    report: dict[str, list[dict]] = {"cmp": [], "sel": []}
-    for kind, fn in (("cmp", cmp), ("sel", sel)):
+    report: dict[str, list[dict]] = {"cmp": [], "sel": [], "dec": []}
+    for kind, fn in (("cmp", cmp), ("sel", sel), ("dec", dec)):
         for var in _variants()[kind]:
             triton_nsa.TILES.clear()
             triton_nsa.TILES.update({**default, **var})
             row: dict = {"tiles": var}
             try:
                 out = fn()
-                if kind == "cmp":
-                    ok = (torch.allclose(out[0].float(), o_ref.float(), rtol=2e-2, atol=2e-2)
-                          and torch.allclose(out[1], s_ref, rtol=1e-5, atol=1e-6))
+                if kind in ("cmp", "dec"):
+                    ok = (torch.allclose(out[0].float(), refs[kind][0].float(), rtol=2e-2, atol=2e-2)
+                          and torch.allclose(out[1], refs[kind][1], rtol=1e-5, atol=1e-6))
                 else:
                     ok = torch.allclose(out.float(), sel_ref.float(), rtol=2e-2, atol=2e-2)
                 row["matches_default"] = bool(ok)
