@@ -1,15 +1,20 @@
-"""Playbook wrapper: NSA decode step latency per branch and measured reads (suite `decode`).
+"""Playbook wrapper: NSA decode step latency per branch, its attention alone, and measured reads (suite `decode`).
 
     python bench/bench_decode.py --heads 4 --groups 2 --dk 64 --dv 64 --S_list 128,256,512,1024 \
         --iters 32 --warmup 8 --csv decode.csv
 
-`--heads` are query heads, `--groups` KV heads. Writes a results file (schema v1), the legacy
-CSV (`S,ms_total,ms_cmp,ms_sel,ms_win,reads_actual,reads_expected`, then the layout, dense ms and
-the speedup over dense) when `--csv` is given, and prints the CSV's summary
-(bench/summarize_decode_csv.py). The decode target (B = 8 at 64k, Triton, CUDA graphs):
+`--heads` are query heads, `--groups` KV heads. Each cell times the whole step (ms_total, per
+branch ms_cmp..ms_win: projections, cache appends, o_proj included) and its attention alone
+(`decode_attend`, ms_attend..ms_attend_win: what dense decode and the prefill benches time),
+beside dense decode attention over the same cache. Writes a results file (schema v1), the legacy
+CSV (`S,ms_total,ms_cmp,ms_sel,ms_win,reads_actual,reads_expected`, then the layout, dense ms,
+fastest dense / step `speedup_vs_dense`, the attend ms and fastest dense / attend
+`speedup_attend_vs_dense`) when `--csv` is given, and prints the CSV's summary
+(bench/summarize_decode_csv.py). The decode target (B = 8 up to 64k, Triton, CUDA graphs):
 
     python bench/bench_decode.py --batch 8 --heads 64 --groups 4 --dk 128 --dv 128 --dim 2560 \
-        --S_list 65536 --nsa-backend triton --graph --csv decode_b8.csv
+        --S_list 8192,16384,32768,65536 --nsa-backend triton --graph --csv decode_b8.csv \
+        --out out/decode_b8.json
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
         summarize_decode_csv.main([args.csv])
     elif doc is not None:
-        legacy.print_table(doc, ("T", "branches"))
+        legacy.print_table(doc, ("T", "branches", "part"))
     return code
 
 

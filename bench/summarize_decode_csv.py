@@ -1,5 +1,8 @@
 """Summarize the legacy decode CSV: latency per branch, reads against the spec, reduction vs dense
-(reads, and time where the CSV has the dense decode columns: fastest dense ms / NSA step ms).
+(reads, and time where the CSV has the dense decode columns). Two time ratios, both fastest dense
+attention ms over an NSA ms on the same cache: `dense/step` over the whole step (q/k/v/gate
+projections, cache appends, o_proj included) and `dense/attend` over its attention alone
+(`NSAAttention.decode_attend`, the like-for-like ratio; `ms_attend` column, absent in older CSVs).
 
     python bench/summarize_decode_csv.py decode.csv
 
@@ -26,8 +29,8 @@ def _num(text: str | None) -> float | None:
 
 def summarize(rows: list[dict[str, str]]) -> tuple[list[list[str]], int]:
     """Table lines (header first) and the number of rows whose reads differ from the spec."""
-    header = ["S", "ms_total", "ms_cmp", "ms_sel", "ms_win", "reads", "expected", "match", "dense/nsa reads",
-              "dense/nsa ms"]
+    header = ["S", "ms_total", "ms_cmp", "ms_sel", "ms_win", "ms_attend", "reads", "expected", "match",
+              "dense/nsa reads", "dense/step ms", "dense/attend ms"]
     lines, bad = [header], 0
     for row in rows:
         actual, expected, s = _num(row["reads_actual"]), _num(row["reads_expected"]), _num(row["S"])
@@ -35,8 +38,10 @@ def summarize(rows: list[dict[str, str]]) -> tuple[list[list[str]], int]:
         bad += not ok
         ratio = f"{s / actual:.2f}x" if s and actual else "-"
         lines.append([row["S"], *(row[k] or "-" for k in ("ms_total", "ms_cmp", "ms_sel", "ms_win")),
-                      row["reads_actual"] or "-", row["reads_expected"] or "-", "ok" if ok else "MISMATCH", ratio,
-                      f"{float(row['speedup_vs_dense']):.2f}x" if _num(row.get("speedup_vs_dense")) else "-"])
+                      row.get("ms_attend") or "-", row["reads_actual"] or "-", row["reads_expected"] or "-",
+                      "ok" if ok else "MISMATCH", ratio,
+                      *(f"{_num(row.get(k)):.2f}x" if _num(row.get(k)) else "-"
+                        for k in ("speedup_vs_dense", "speedup_attend_vs_dense"))])
     return lines, bad
 
 
@@ -64,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         print("  ".join(v.rjust(w) for v, w in zip(line, widths, strict=True)))
     print("reads: per KV group per step (cmp + sel + win); expected from shared/spec/nsa.md; "
           f"{len(rows) - bad}/{len(rows)} rows match")
+    print("ms_total..ms_win: whole decode steps (projections, cache appends, o_proj included); ms_attend: "
+          "decode_attend, the step's attention only; dense/step ms and dense/attend ms: fastest dense "
+          "decode attention ms over each")
     return 1 if bad else 0
 
 

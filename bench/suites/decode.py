@@ -10,20 +10,30 @@ shared/spec/nsa.md: cmp `n_cmp(t)`, sel `(k - 1) * l' + t % l' + 1` with `k = mi
 selected blocks, win `min(w, t + 1)`, per KV group; a mismatch fails the case. The paper's
 budget `s/d + n*l' + w` (Table 4) is recorded beside them.
 
+Two parts of the step are timed per branch set. The whole `step` (no `part` param: q/k/v/gate
+projections, the cache appends, the attention and o_proj) and, with `part: "attend"`, only its
+attention: `attn.decode_attend(q_t, gates_t, cache, branches)` on the cache that already holds
+token t (built by one eager step with no branch on a copy of the S - 1 token cache, the same
+cache the dense baselines read) with q_t, gates_t from `project(x_t, start=t)`. decode_attend
+changes nothing but `cache.reads`, so it needs no restore; its reads are checked like the step's.
+The attention part is what the prefill benches (and the paper's Figure 6) time.
+
 Dense baselines (op `dense`, same cell params): the step's query (`project(x_t)` at t = S - 1)
 attending to every one of the S raw keys of the selection branch's cache (the K/V the NSA step
 gathers from), no mask (every cached key is `<= t`), through SDPA restricted to its flash backend
-(`sdpa_flash`, the baseline) or cuDNN (`sdpa_cudnn`). The NSA step includes its projections and
-gates; the dense call is attention only. `write_csv` and `dense_speedups` pair the two by params.
+(`sdpa_flash`, the baseline) or cuDNN (`sdpa_cudnn`). The dense call is attention only:
+`dense_speedups` and `write_csv` pair it by params with both NSA parts, fastest dense / step
+(projections included) and fastest dense / attend (attention against attention).
 
 Knobs in the cell params: `nsa_backend` ("auto" or "triton": `NSAAttention(config, backend=)`),
 and `graph: True`, which times the cell as CUDA graph replays (as `--cuda-graph` does for every
-cell; skipped without a GPU). Under graphs each NSA variant is captured once on its own copy of
-the cache and replays re-run that one step's kernels on the same buffers (the new token's K/V go
-to the same slot), so every sample is the same work; reads are still checked on an eager step.
+cell; skipped without a GPU). Under graphs each NSA step variant is captured once on its own copy
+of the cache and replays re-run that one step's kernels on the same buffers (the new token's K/V
+go to the same slot), so every sample is the same work; each attend variant is captured once on
+the shared cache that holds token t. Reads are still checked on an eager call.
 
-Every use of the decode API (new_cache / project / step / reads) is in this file; `fill_cache`
-restates how prefill fills a cache (tests/bench/test_decode.py holds it to prefill's result).
+Every use of the decode API (new_cache / project / step / decode_attend / reads) is in this file;
+`fill_cache` restates how prefill fills a cache (tests/bench/test_decode.py holds it to prefill's result).
 """
 
 from __future__ import annotations
@@ -37,9 +47,11 @@ from bench.cases import CaseSpec, Cell, Variant, Workload, product
 
 BRANCHES = ("cmp", "sel", "win")
 DENSE = ("sdpa_flash", "sdpa_cudnn")
+# Step variants first (their case ids predate the attend ones), then the attention-only part.
 VARIANTS = (Variant("sdpa_flash", "baseline", op="dense"), Variant("sdpa_cudnn", op="dense"),
             Variant("auto", "candidate", (("branches", "all"),))) + tuple(
-    Variant("auto", "candidate", (("branches", b),)) for b in BRANCHES)
+    Variant("auto", "candidate", (("branches", b),)) for b in BRANCHES) + tuple(
+    Variant("auto", "candidate", (("branches", b), ("part", "attend"))) for b in ("all", *BRANCHES))
 NSA_BACKENDS = ("auto", "triton")
 NSA = {"block": 32, "stride": 16, "sel_block": 64, "sel_count": 16, "window": 512}
 SMALL = {"B": 1, "Hq": 4, "Hkv": 2, "Dk": 64, "Dv": 64, "dim": 256, **NSA}
@@ -61,7 +73,9 @@ SPECS = (CaseSpec("nsa_decode", VARIANTS, {
 }),)
 CSV_COLUMNS = ("S", "ms_total", "ms_cmp", "ms_sel", "ms_win", "reads_actual", "reads_expected")
 LAYOUT_COLUMNS = ("B", "Hq", "Hkv", "Dk", "Dv", "dtype")
-EXTRA_COLUMNS = ("nsa_backend", "cuda_graph", "ms_dense_flash", "ms_dense_cudnn", "speedup_vs_dense")
+# speedup_vs_dense: fastest dense / whole step; speedup_attend_vs_dense: fastest dense / decode_attend.
+EXTRA_COLUMNS = ("nsa_backend", "cuda_graph", "ms_dense_flash", "ms_dense_cudnn", "speedup_vs_dense",
+                 "ms_attend", "ms_attend_cmp", "ms_attend_sel", "ms_attend_win", "speedup_attend_vs_dense")
 # Tokens projected at a time while building a cache (bounds the fp32 RoPE temporaries of q).
 FILL_CHUNK = 4096
 
@@ -143,44 +157,71 @@ def _measured_reads(reads: Any, branches: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
-def capture_step(attn, x_t, snapshot, branches: tuple[str, ...]) -> Callable[[], None]:
-    """CUDA-graph one step of `x_t` on its own copy of `snapshot`; return the graph's replay.
-
-    A replay re-runs the captured kernels on the same buffers: the new token's K/V are written to
-    the same slot, the same compressed token is emitted and the same blocks are read, so every
-    replay is the same step (no buffer grows at this step: a filled cache has twice its length of
-    room). The warmup runs on a side stream and a throwaway copy, as capture needs. A step that
-    syncs with the host (`.item()`, a host-to-device copy) cannot be captured: this raises.
-    """
-    import contextlib
-    import copy
-
+def _warm(fn: Callable[..., Any], *args: Any) -> None:
+    """`fn(*args)` once on a side stream, as capture needs before it (the args die with the call)."""
     import torch
 
-    warm = copy.deepcopy(snapshot)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        attn.step(x_t, warm, branches)
+        fn(*args)
     torch.cuda.current_stream().wait_stream(side)
-    del warm
-    cache = copy.deepcopy(snapshot)
+
+
+def _graph(fn: Callable[..., Any], *args: Any):
+    """The CUDA graph of `fn(*args)`. capture_begin/end by hand rather than torch.cuda.graph: when
+    the call raises, the capture still ends, the caller's stream comes back and the call's own
+    error is the one raised. A call that syncs with the host (`.item()`, a host-to-device copy)
+    cannot be captured: this raises."""
+    import contextlib
+
+    import torch
+
     graph = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()
-    # capture_begin/end by hand rather than torch.cuda.graph: when the step raises, the capture
-    # still ends, the caller's stream comes back and the step's own error is the one raised.
     with torch.cuda.stream(torch.cuda.Stream()):
         graph.capture_begin()
         try:
-            attn.step(x_t, cache, branches)
+            fn(*args)
         except BaseException:
             with contextlib.suppress(Exception):
                 graph.capture_end()
             raise
         graph.capture_end()
     torch.cuda.synchronize()
+    return graph
+
+
+def capture_step(attn, x_t, snapshot, branches: tuple[str, ...]) -> Callable[[], None]:
+    """CUDA-graph one step of `x_t` on its own copy of `snapshot`; return the graph's replay.
+
+    A replay re-runs the captured kernels on the same buffers: the new token's K/V are written to
+    the same slot, the same compressed token is emitted and the same blocks are read, so every
+    replay is the same step (no buffer grows at this step: a filled cache has twice its length of
+    room). The warmup runs on a throwaway copy, freed before the capture's copy is made.
+    """
+    import copy
+
+    _warm(attn.step, x_t, copy.deepcopy(snapshot), branches)
+    cache = copy.deepcopy(snapshot)
+    graph = _graph(attn.step, x_t, cache, branches)
 
     def replay(graph=graph, cache=cache) -> None:  # the graph's buffers live in `cache`
+        graph.replay()
+    return replay
+
+
+def capture_attend(attn, q_t, gates_t, cache, branches: tuple[str, ...]) -> Callable[[], None]:
+    """CUDA-graph `attn.decode_attend(q_t, gates_t, cache, branches)`; return the graph's replay.
+
+    decode_attend writes nothing of `cache` (only the Python attribute `cache.reads`), so the
+    warmup and the capture run on `cache` itself, which the other attend variants and the dense
+    baselines share; every replay is the same attention over the same buffers.
+    """
+    _warm(attn.decode_attend, q_t, gates_t, cache, branches)
+    graph = _graph(attn.decode_attend, q_t, gates_t, cache, branches)
+
+    def replay(graph=graph, held=(q_t, gates_t, cache)) -> None:  # the graph reads these buffers
         graph.replay()
     return replay
 
@@ -230,6 +271,16 @@ def _dense_variant(work: Workload, key: str, q, k, v, backend: Any, scale: float
     work.fns[key] = fn
 
 
+def _branches(v: Variant) -> tuple[str, ...]:
+    which = dict(v.extra)["branches"]
+    return BRANCHES if which == "all" else (which,)
+
+
+def _part(v: Variant) -> str:
+    """`step` (the whole decode step) or `attend` (decode_attend only)."""
+    return dict(v.extra).get("part", "step")
+
+
 def _branch_backends(backend: str, branches: tuple[str, ...], choices: list[dict[str, Any]]) -> dict[str, str]:
     """What ran per branch: nsa.dispatch's record, else the explicit module backend; with auto,
     the selection decode is a gather + masked SDPA inside the module (never dispatched)."""
@@ -254,8 +305,7 @@ def build(cell: Cell, device) -> Workload:
     p = cell.params
     backend = p.get("nsa_backend", "auto")
     work = Workload(fns={}, backends={}, dtype=p["dtype"], cuda_graph=bool(p.get("graph", False)))
-    steps = {v.key: BRANCHES if dict(v.extra)["branches"] == "all" else (dict(v.extra)["branches"],)
-             for v in cell.variants if v.op != "dense"}
+    steps = {v.key: _branches(v) for v in cell.variants if v.op != "dense"}
     for key, branches in steps.items():  # until a step runs: the backends that would run on a CPU
         work.backends[key] = _label(_branch_backends(backend, branches, []))
     if work.cuda_graph and device.type != "cuda":
@@ -303,14 +353,14 @@ def _populate(work: Workload, cell: Cell, device, backend: str, steps: dict[str,
     snapshot = fill_cache(attn, x[:, :S - 1])
     del x
     expected = expected_reads(S, p)
-    # Dense inputs: the cache a step at t = S - 1 reads (all S raw tokens of the selection branch)
-    # and that step's query; a step with no branch appends the token and attends to nothing.
+    # The cache a step at t = S - 1 reads: the snapshot plus token t, appended by a step with no
+    # branch (it appends and attends to nothing). The dense variants read all S raw tokens of its
+    # selection branch; the attend variants run decode_attend on it with that step's q and gates.
     after = copy.deepcopy(snapshot)
     attn.step(x_t, after, ())
     kb, vb = after.raw["sel" if "sel" in after.raw else "shared"]
     k_all, v_all = kb.view(), vb.view()
-    q_t = attn.project(x_t, start=S - 1)[0]
-    del after
+    q_t, _, gates_t = attn.project(x_t, start=S - 1)
     for v in cell.variants:
         key = v.key
         if v.op == "dense":
@@ -320,21 +370,31 @@ def _populate(work: Workload, cell: Cell, device, backend: str, steps: dict[str,
         if blocked is not None and backend in _branch_backends(backend, branches, []).values():
             work.reasons[key] = f"nsa_backend={backend} cannot run here: {blocked}"
             continue
-        state: dict[str, Any] = {}
+        if _part(v) == "attend":  # no state to restore: decode_attend only sets after.reads
+            def fn(branches=branches):
+                return attn.decode_attend(q_t, gates_t, after, branches)
 
-        def setup(state=state) -> None:
-            state["cache"] = copy.deepcopy(snapshot)
+            setup = None
+            capture = lambda branches=branches: capture_attend(attn, q_t, gates_t, after, branches)  # noqa: E731
+            last_reads = lambda: after.reads  # noqa: E731
+        else:
+            state: dict[str, Any] = {}
 
-        def step(state=state, branches=branches):
-            return attn.step(x_t, state["cache"], branches)
+            def setup(state=state) -> None:
+                state["cache"] = copy.deepcopy(snapshot)
 
-        setup()
+            def fn(state=state, branches=branches):
+                return attn.step(x_t, state["cache"], branches)
+
+            setup()
+            capture = lambda branches=branches: capture_step(attn, x_t, snapshot, branches)  # noqa: E731
+            last_reads = lambda state=state: state.pop("cache").reads  # noqa: E731
         with dispatch.recording() as choices:
-            if not _attempt(work, key, step, device, sdpa=False):
+            if not _attempt(work, key, fn, device, sdpa=False):
                 continue
         ran = _branch_backends(backend, branches, choices)
         work.backends[key] = _label(ran)
-        reads = _measured_reads(state.pop("cache").reads, branches)
+        reads = _measured_reads(last_reads(), branches)
         want = {b: expected[b] for b in branches}
         reads["total"] = sum(reads[b] for b in branches)
         want["total"] = sum(want.values())
@@ -346,8 +406,9 @@ def _populate(work: Workload, cell: Cell, device, backend: str, steps: dict[str,
             work.failures[key] = "reads differ from the spec: " + ", ".join(
                 f"{b} measured {reads[b]:g} expected {want[b]}" for b in wrong)
         else:
-            work.fns[key], work.setups[key] = step, setup
-            work.captures[key] = lambda branches=branches: capture_step(attn, x_t, snapshot, branches)
+            work.fns[key], work.captures[key] = fn, capture
+            if setup is not None:
+                work.setups[key] = setup
 
 
 def _sdpa_backend(name: str) -> Any:
@@ -362,8 +423,10 @@ def _row_key(p: dict[str, Any]) -> tuple:
 
 
 def dense_speedups(cases: Iterable[dict[str, Any]]) -> dict[tuple, dict[str, float]]:
-    """Per decode cell (keyed by its params, `branches` aside): median ms of the whole NSA step
-    (`nsa`) and of each dense backend that ran, and `speedup` = fastest dense / NSA step."""
+    """Per decode cell (keyed by its params, `branches` and `part` aside): median ms of the whole
+    NSA step (`nsa`), of its attention alone (`attend`, decode_attend) and of each dense backend
+    that ran; `speedup` = fastest dense / NSA step (projections included) and `speedup_attend` =
+    fastest dense / NSA attention (attention against attention, as the prefill benches compare)."""
     out: dict[tuple, dict[str, float]] = {}
     for case in cases:
         p, timing = case["params"], case.get("timing")
@@ -371,40 +434,50 @@ def dense_speedups(cases: Iterable[dict[str, Any]]) -> dict[tuple, dict[str, flo
             continue
         if case["op"] == "nsa_decode" and p.get("branches", "all") != "all":
             continue
-        name = "nsa" if case["op"] == "nsa_decode" else case["requested_backend"]
+        if case["op"] == "dense":
+            name = case["requested_backend"]
+        else:
+            name = "attend" if p.get("part") == "attend" else "nsa"
         out.setdefault(_row_key(p), {})[name] = timing["median_ms"]
     for row in out.values():
         dense = [row[d] for d in DENSE if d in row]
-        if dense and row.get("nsa"):
-            row["speedup"] = min(dense) / row["nsa"]
+        for nsa, ratio in (("nsa", "speedup"), ("attend", "speedup_attend")):
+            if dense and row.get(nsa):
+                row[ratio] = min(dense) / row[nsa]
     return out
 
 
 def write_csv(cases: Iterable[dict[str, Any]], path: str | Path) -> int:
     """The legacy decode CSV (`S,ms_total,ms_cmp,ms_sel,ms_win,reads_actual,reads_expected`, then
-    the layout, then `EXTRA_COLUMNS`: module backend, CUDA graphs, dense ms and fastest dense / NSA
-    step) from decode case records; one row per cell. Returns the row count."""
+    the layout, then `EXTRA_COLUMNS`: module backend, CUDA graphs, dense ms, fastest dense / NSA
+    step, then decode_attend ms (all branches, then each alone) and fastest dense / decode_attend)
+    from decode case records; one row per cell. `ms_total`..`ms_win` are whole steps. Returns the
+    row count."""
     cases = list(cases)
     rows: dict[tuple, dict[str, Any]] = {}
-    for case in cases:
-        if case.get("suite") != "decode" or case.get("op") != "nsa_decode":
-            continue
+    # Step cases first, so reads and cuda_graph come from the step when it ran, else from attend.
+    nsa = sorted((c for c in cases if c.get("suite") == "decode" and c.get("op") == "nsa_decode"),
+                 key=lambda c: c["params"].get("part") == "attend")
+    for case in nsa:
         p = case["params"]
         row = rows.setdefault(_row_key(p), {"S": p["T"], **{k: p.get(k) for k in LAYOUT_COLUMNS},
                                             "nsa_backend": p.get("nsa_backend", "auto")})
         which = p.get("branches", "all")
         timing = case.get("timing")
-        row["ms_total" if which == "all" else f"ms_{which}"] = \
-            f"{timing['median_ms']:.6g}" if timing else ""
-        if which == "all" and case.get("reads"):
+        if p.get("part") == "attend":
+            column = "ms_attend" if which == "all" else f"ms_attend_{which}"
+        else:
+            column = "ms_total" if which == "all" else f"ms_{which}"
+        row[column] = f"{timing['median_ms']:.6g}" if timing else ""
+        if which == "all" and case.get("reads") and "reads_actual" not in row:
             row["reads_actual"] = f"{case['reads']['total']:g}"
             row["reads_expected"] = case["reads_expected"]["total"]
-        if which == "all" and "cuda_graph" in case:
+        if which == "all" and "cuda_graph" in case and "cuda_graph" not in row:
             row["cuda_graph"] = case["cuda_graph"]
     for key, found in dense_speedups(cases).items():
         if key in rows:
             for name, column in (("sdpa_flash", "ms_dense_flash"), ("sdpa_cudnn", "ms_dense_cudnn"),
-                                 ("speedup", "speedup_vs_dense")):
+                                 ("speedup", "speedup_vs_dense"), ("speedup_attend", "speedup_attend_vs_dense")):
                 if name in found:
                     rows[key][column] = f"{found[name]:.6g}"
     out = Path(path)

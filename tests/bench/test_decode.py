@@ -1,4 +1,5 @@
-"""The decode suite on a CPU: dense baseline against fp64, the cache it builds, reads, skips, graph paths."""
+"""The decode suite on a CPU: dense baseline against fp64, the cache it builds, reads, skips, graph paths,
+the attention-only variants (decode_attend) beside the whole step."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ TINY = Timer(warmup=1, rep=2, l2_flush=False)
 LAYOUT = {"B": 2, "Hq": 4, "Hkv": 2, "Dk": 32, "Dv": 32, "dim": 64, "block": 16, "stride": 8,
           "sel_block": 16, "sel_count": 3, "window": 24}
 CPU = torch.device("cpu")
+SETS = ("all", *decode.BRANCHES)
+STEP_KEYS = tuple(f"auto:branches={b}" for b in SETS)
+ATTEND_KEYS = tuple(f"auto:branches={b}:part=attend" for b in SETS)
 
 
 def _cell(S: int = 100, **knobs) -> Cell:
@@ -33,7 +37,9 @@ def _run(cells: list[Cell], timer: Timer = TINY, clock=None) -> list[dict]:
 
 
 def _by_variant(cases: list[dict]) -> dict[str, dict]:
-    return {c["params"].get("branches", c["requested_backend"]): c for c in cases}
+    """Dense cases by backend, steps by branch set (`all`), attention-only cases as `attend:all`."""
+    return {("attend:" if c["params"].get("part") == "attend" else "")
+            + c["params"].get("branches", c["requested_backend"]): c for c in cases}
 
 
 def _reference(q, k, v, scale):
@@ -101,7 +107,7 @@ def test_building_a_cell_attends_with_one_query_only(monkeypatch):
     work = decode.build(_cell(S=300), CPU)
     assert {kind for kind, _ in seen} == {"sdpa", "scores"}
     assert all(n == 1 for _, n in seen), seen
-    assert set(work.fns) == {"sdpa_flash", *(f"auto:branches={b}" for b in ("all", *decode.BRANCHES))}
+    assert set(work.fns) == {"sdpa_flash", *STEP_KEYS, *ATTEND_KEYS}
 
 
 def test_dense_baseline_reads_the_whole_cache_beside_the_nsa_step(monkeypatch):
@@ -123,24 +129,63 @@ def test_dense_baseline_reads_the_whole_cache_beside_the_nsa_step(monkeypatch):
     assert flash["op"] == cudnn["op"] == "dense" and flash["role"] == "baseline"
     assert flash["status"] == "ok" and flash["reads"] == {"total": 100} and flash["gqa"] == "native"
     assert cudnn["status"] == "skipped" and cudnn["reason"].startswith("SDPA backend cannot run")
-    for b in ("all", *decode.BRANCHES):
+    for b in (*SETS, *(f"attend:{b}" for b in SETS)):
         assert by[b]["status"] == "ok" and by[b]["op"] == "nsa_decode", by[b]["reason"]
-        assert {k: v for k, v in by[b]["params"].items() if k != "branches"} == flash["params"]
+        assert {k: v for k, v in by[b]["params"].items() if k not in ("branches", "part")} == flash["params"]
     # S = 100: t = 99 -> cmp (100-16)//8+1 = 11, sel 2 full blocks + 99 % 16 + 1 = 36, win 24
     assert by["all"]["reads"]["total"] == by["all"]["reads_expected"]["total"] == 71
+    for b in SETS:  # the attention part reads what the step reads
+        assert by[f"attend:{b}"]["reads"] == by[b]["reads"] and by[f"attend:{b}"]["reads_expected"] == \
+            by[b]["reads_expected"]
     assert len({c["id"] for c in cases}) == len(cases)
     [speed] = decode.dense_speedups(cases).values()
+    assert speed["nsa"] == by["all"]["timing"]["median_ms"] and speed["attend"] == by["attend:all"]["timing"]["median_ms"]
     assert speed["speedup"] == pytest.approx(speed["sdpa_flash"] / speed["nsa"])
+    assert speed["speedup_attend"] == pytest.approx(speed["sdpa_flash"] / speed["attend"])
+
+
+@pytest.mark.parametrize("nsa_backend", ["auto", "triton"])
+def test_decode_attend_variants_are_the_attention_part_of_the_step(monkeypatch, nsa_backend):
+    """o_proj of what an attend variant returns is the step's output on the same cache state, and
+    repeated calls (as graph replays are) give the same output on an unchanged cache."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    made = []
+    real = decode._module
+    monkeypatch.setattr(decode, "_module", lambda p, device, dtype: made.append(real(p, device, dtype)) or made[-1])
+    work = decode.build(_cell(S=100, nsa_backend=nsa_backend), CPU)
+    [(attn, _)] = made
+    assert not work.failures and set(work.reasons) == {"sdpa_cudnn"}, (work.failures, work.reasons)
+    for b in SETS:
+        step, attend = f"auto:branches={b}", f"auto:branches={b}:part=attend"
+        assert work.extra[attend]["reads"] == work.extra[step]["reads"]
+        assert work.backends[attend] == work.backends[step]
+        work.setups[step]()
+        y = work.fns[step]()
+        o = work.fns[attend]()
+        assert o.shape == (2, 1, 4, 32) and o.abs().max() > 0
+        torch.testing.assert_close(attn._out(o), y, rtol=1e-5, atol=1e-6)
+        assert torch.equal(work.fns[attend](), o)
+
+
+def test_step_case_ids_are_kept_and_attend_ids_are_new():
+    cell = _cell(S=100)
+    ids = {v.key: cell.case_id(v) for v in cell.variants}
+    assert len(set(ids.values())) == len(ids) == len(decode.VARIANTS) == 10
+    for b in SETS:
+        step, attend = ids[f"auto:branches={b}"], ids[f"auto:branches={b}:part=attend"]
+        assert step == f"decode/nsa_decode/auto/B2-T100-Hq4-Hkv2-D32-w24-l16-d8-ls16-n3-branches{b}-dim64-fp32"
+        assert attend == step.replace("-fp32", "-partattend-fp32")
 
 
 def test_reads_that_differ_from_the_spec_fail_and_are_never_timed_or_captured(monkeypatch):
     real = decode.expected_reads
     monkeypatch.setattr(decode, "expected_reads", lambda s, p: {**real(s, p), "win": real(s, p)["win"] + 1})
     work = decode.build(_cell(S=100), CPU)
-    for key in ("auto:branches=all", "auto:branches=win"):
-        assert "win measured 24 expected 25" in work.failures[key]
-        assert key not in work.fns and key not in work.captures
-    assert set(work.captures) == {"auto:branches=cmp", "auto:branches=sel"}
+    for b in ("all", "win"):
+        for key in (f"auto:branches={b}", f"auto:branches={b}:part=attend"):
+            assert "win measured 24 expected 25" in work.failures[key]
+            assert key not in work.fns and key not in work.captures
+    assert set(work.captures) == {f"auto:branches={b}{part}" for b in ("cmp", "sel") for part in ("", ":part=attend")}
 
 
 def test_graph_cells_are_skipped_on_a_cpu_with_the_reason():
@@ -152,9 +197,9 @@ def test_graph_cells_are_skipped_on_a_cpu_with_the_reason():
 def test_triton_module_backend_without_the_interpreter_is_skipped(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     by = _by_variant(_run([_cell(S=100, nsa_backend="triton")]))
-    for b in ("all", "cmp", "sel"):
+    for b in ("all", "cmp", "sel", "attend:all", "attend:cmp", "attend:sel"):
         assert by[b]["status"] == "skipped" and "triton" in by[b]["reason"], by[b]["reason"]
-    assert by["win"]["status"] == "ok" and by["sdpa_flash"]["status"] == "ok"
+    assert by["win"]["status"] == by["attend:win"]["status"] == by["sdpa_flash"]["status"] == "ok"
 
 
 def test_triton_module_backend_reads_match_the_spec(monkeypatch):
@@ -163,7 +208,9 @@ def test_triton_module_backend_reads_match_the_spec(monkeypatch):
     assert all(c["status"] == "ok" for c in by.values() if c["op"] == "nsa_decode"), \
         [c["reason"] for c in by.values()]
     assert by["all"]["reads"]["total"] == 71 and by["all"]["params"]["nsa_backend"] == "triton"
-    assert by["all"]["branch_backends"] == {"cmp": "triton", "sel": "triton", "win": "sdpa"}
+    assert by["attend:all"]["reads"] == by["all"]["reads"]
+    assert by["all"]["branch_backends"] == by["attend:all"]["branch_backends"] == \
+        {"cmp": "triton", "sel": "triton", "win": "sdpa"}
     assert by["cmp"]["backend"] == "triton" and by["all"]["id"].split("/")[2] == "cmp:triton+sel:triton+win:sdpa"
 
 
@@ -173,17 +220,24 @@ def test_an_unknown_module_backend_fails_the_cell_with_the_fix():
 
 
 def test_each_capture_is_one_step_of_its_own_branches_on_the_prefilled_cache(monkeypatch):
-    captured = []
+    captured, attended = [], []
     monkeypatch.setattr(decode, "capture_step",
                         lambda attn, x_t, snapshot, branches: captured.append((x_t, snapshot, branches)))
+    monkeypatch.setattr(decode, "capture_attend",
+                        lambda attn, q, gates, cache, branches: attended.append((q, gates, cache, branches)))
     work = decode.build(_cell(S=100), CPU)
-    assert set(work.captures) == {f"auto:branches={b}" for b in ("all", *decode.BRANCHES)}
+    assert set(work.captures) == {*STEP_KEYS, *ATTEND_KEYS}
+    assert set(work.setups) == set(STEP_KEYS)  # decode_attend changes no state: nothing to restore
     assert not work.cuda_graph
     for fn in work.captures.values():
         fn()
     wanted = [decode.BRANCHES, ("cmp",), ("sel",), ("win",)]
     assert [b for _, _, b in captured] == wanted
     assert all(x_t.shape == (2, 1, 64) and snap.length == 99 for x_t, snap, _ in captured)
+    # decode_attend on the cache that holds token t = 99, with that token's q and gates; one shared cache.
+    assert [b for *_, b in attended] == wanted
+    assert all(q.shape == (2, 1, 4, 32) and g.shape == (2, 1, 4, 3) and c.length == 100 for q, g, c, _ in attended)
+    assert len({id(c) for _, _, c, _ in attended}) == 1
 
 
 def test_under_cuda_graphs_the_steps_are_timed_as_their_captured_replays(monkeypatch):
@@ -198,14 +252,21 @@ def test_under_cuda_graphs_the_steps_are_timed_as_their_captured_replays(monkeyp
         replays.append(branches)
         return clock.candidate("replay:" + "+".join(branches), 1.0)
 
+    def fake_attend(attn, q, gates, cache, branches):
+        replays.append(("attend", *branches))
+        return clock.candidate("attend:" + "+".join(branches), 0.5)
+
     monkeypatch.setattr(decode, "capture_step", fake_capture)
+    monkeypatch.setattr(decode, "capture_attend", fake_attend)
     cases = _run([_cell(S=60)], timer=Timer(warmup=1, rep=3, l2_flush=False, cuda_graph=True), clock=clock)
     by = _by_variant(cases)
     assert all(c["status"] == "ok" and c["cuda_graph"] is True for c in cases if c["status"] != "skipped")
     # Captured once each; then 1 warmup + 3 repeats of the replay (an eager step would not move
     # the fake clock, so samples of 1.0 are the replay's).
-    assert len(replays) == 4 and clock.calls().count("replay:cmp+sel+win") == 1 + 3
+    assert len(replays) == 8 and clock.calls().count("replay:cmp+sel+win") == 1 + 3
+    assert clock.calls().count("attend:cmp+sel+win") == 1 + 3
     assert by["all"]["timing"]["samples_ms"] == [1.0] * 3
+    assert by["attend:all"]["timing"]["samples_ms"] == [0.5] * 3
     assert len(wrapped) == 1  # the dense flash fn; the replays are not captured again
 
 
@@ -217,7 +278,7 @@ def test_a_capture_that_raises_times_the_whole_cell_eagerly(monkeypatch):
     clock = FakeClock()
     cases = _run([_cell(S=60)], timer=Timer(warmup=1, rep=2, l2_flush=False, cuda_graph=True), clock=clock)
     ran = [c for c in cases if c["status"] == "ok"]
-    assert len(ran) == 5 and all(c["cuda_graph"] is False for c in ran)
+    assert len(ran) == 9 and all(c["cuda_graph"] is False for c in ran)
     assert all("operation not permitted" in c["cuda_graph_error"] for c in ran)
 
 

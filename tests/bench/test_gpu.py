@@ -51,16 +51,21 @@ def test_machine_record_names_the_gpu():
 
 def test_decode_target_cell_replays_cuda_graphs():
     """A small cell of the decode target's kind (Triton module backend, graph=True): every variant
-    ran, the NSA steps as their own captured graphs, with reads checked on an eager step."""
+    ran, the NSA steps and their attention alone (decode_attend) as their own captured graphs, with
+    reads checked on an eager call."""
     from bench.suites import decode
 
     layout = {**decode.TARGET, "B": 2, "Hq": 16, "dim": 512}
     cell = decode.cells(layout, [4096], "bf16")[0]
     opts = runner.RunOptions(device="cuda", timer=Timer(warmup=2, rep=5))
     cases = runner.run_cell(cell, opts)
-    by = {c["params"].get("branches", c["requested_backend"]): c for c in cases}
-    for key in ("sdpa_flash", "all", "cmp", "sel", "win"):
+    by = {("attend:" if c["params"].get("part") == "attend" else "")
+          + c["params"].get("branches", c["requested_backend"]): c for c in cases}
+    for key in ("sdpa_flash", "all", "cmp", "sel", "win", "attend:all", "attend:cmp", "attend:sel", "attend:win"):
         assert by[key]["status"] == "ok", by[key]["reason"]
         assert by[key]["cuda_graph"] is True, by[key].get("cuda_graph_error")
-    assert by["all"]["reads"]["total"] == by["all"]["reads_expected"]["total"]
+    for key in ("all", "attend:all"):
+        assert by[key]["reads"]["total"] == by[key]["reads_expected"]["total"]
+    [speed] = decode.dense_speedups(cases).values()
+    assert speed["speedup_attend"] > speed["speedup"]  # the attention is a part of the step
     results.check(runner.document(cases, opts, command="t", git_sha="unknown", machine=machine.machine_info("cuda")))

@@ -104,7 +104,7 @@ def test_decode_reads_match_the_spec_and_feed_the_legacy_csv(tmp_path):
               "sel_block": 16, "sel_count": 3, "window": 24}
     cases = _run(decode.cells(layout, [10, 100], "fp32"))
     assert all(c["status"] == "ok" for c in cases if c["op"] == "nsa_decode"), [c["reason"] for c in cases]
-    full = [c for c in cases if c["params"].get("branches") == "all"]
+    full = [c for c in cases if c["params"].get("branches") == "all" and "part" not in c["params"]]
     # S = 100: t = 99 -> cmp (100-16)//8+1 = 11, sel 2 full blocks + 99 % 16 + 1 = 36, win 24
     assert full[1]["reads_expected"] == {"cmp": 11, "sel": 36, "win": 24, "total": 71}
     assert full[1]["reads"]["total"] == 71
@@ -119,6 +119,15 @@ def test_decode_reads_match_the_spec_and_feed_the_legacy_csv(tmp_path):
     assert float(rows[1]["speedup_vs_dense"]) == pytest.approx(
         float(rows[1]["ms_dense_flash"]) / float(rows[1]["ms_total"]), rel=1e-4)
     assert rows[1]["ms_dense_cudnn"] == "" and rows[1]["nsa_backend"] == "auto"
+    # The attention part alone (decode_attend) of the same cell, and fastest dense / attend.
+    assert list(rows[0])[-5:] == ["ms_attend", "ms_attend_cmp", "ms_attend_sel", "ms_attend_win",
+                                  "speedup_attend_vs_dense"]
+    assert all(rows[1][k] for k in ("ms_attend", "ms_attend_cmp", "ms_attend_sel", "ms_attend_win"))
+    attend = next(c for c in cases if c["params"].get("part") == "attend" and c["params"]["branches"] == "all"
+                  and c["params"]["T"] == 100)
+    assert float(rows[1]["ms_attend"]) == pytest.approx(attend["timing"]["median_ms"], rel=1e-4)
+    assert float(rows[1]["speedup_attend_vs_dense"]) == pytest.approx(
+        float(rows[1]["ms_dense_flash"]) / float(rows[1]["ms_attend"]), rel=1e-4)
 
 
 def test_expected_reads_reach_the_paper_budget_at_long_lengths():

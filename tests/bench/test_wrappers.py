@@ -42,9 +42,14 @@ def test_bench_decode_csv_and_summary(tmp_path):
                   "--device", "cpu", "--out", str(out))
     assert run.returncode == 0, run.stderr
     assert csv_path.read_text().splitlines()[0].startswith("S,ms_total,ms_cmp,ms_sel,ms_win,reads_actual,reads_expected")
-    assert {c["params"]["Hkv"] for c in results.load(out)["cases"]} == {2}
+    cases = results.load(out)["cases"]
+    assert {c["params"]["Hkv"] for c in cases} == {2}
+    assert sum(c["params"].get("part") == "attend" and c["status"] == "ok" for c in cases) == 2 * 4
+    assert csv_path.read_text().splitlines()[0].endswith(",ms_attend,ms_attend_cmp,ms_attend_sel,ms_attend_win,"
+                                                         "speedup_attend_vs_dense")
     summary = _script("bench/summarize_decode_csv.py", str(csv_path))
     assert summary.returncode == 0 and "2/2 rows match" in summary.stdout
+    assert "dense/step ms" in summary.stdout and "dense/attend ms" in summary.stdout
     lines = csv_path.read_text().splitlines()
     fields = lines[1].split(",")
     fields[5] = str(int(fields[5]) + 1)  # reads_actual off by one -> a mismatch
