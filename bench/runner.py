@@ -220,7 +220,7 @@ def describe_cell(cell: Cell, recs: list[dict[str, Any]]) -> str:
     base = next((r for r in recs if r["role"] == "baseline" and r["status"] == "ok"), None)
     parts = []
     for r in recs:
-        name = r["backend"] + "".join(f":{k}={v}" for k, v in r["params"].items() if k in ("replica", "branches"))
+        name = r["backend"] + "".join(f":{k}={v}" for k, v in r["params"].items() if k in ("replica", "branches", "part"))
         if r["status"] != "ok":
             parts.append(f"{name} {r['status'].upper()} ({r['reason'][:80]})")
             continue

@@ -429,8 +429,8 @@ TILES: dict[str, Any] = {
     "score_carry": True,    # carry block spill in registers when the tile ends on a block edge
     "sel_warps": 2,
     "sel_stages": 2,
-    "split_tiles": 4,       # decode: compressed tiles per chunk of the split kernel
-    "split_warps": 4,
+    "split_tiles": 8,       # decode: compressed tiles per chunk of the split kernel
+    "split_warps": 1,
     "split_stages": None,
 }
 
