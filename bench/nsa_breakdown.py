@@ -1,6 +1,7 @@
 """Where the fast NSA prefill spends its time: each stage timed alone (CUDA events, bench.timing).
 
     python bench/nsa_breakdown.py --T 65536 [--json out.json]
+    python bench/nsa_breakdown.py --T 65536 --decode-batch 8     # one decode step's stages
 
 Stages: avg compression, the Triton compressed+scores kernel, top-n (Triton, and the torch rule),
 the Triton selection kernel (alone, and with the gated-sum epilogue), sliding (FA-2), the torch
@@ -26,7 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--T", type=int, default=65536)
     ap.add_argument("--json", help="write the medians (ms) here")
+    ap.add_argument("--decode-batch", type=int, default=0,
+                    help="instead: one decode step at t = T - 1 for this many sequences, each stage in a CUDA graph")
     args = ap.parse_args(argv)
+    if args.decode_batch:
+        return _decode(args)
 
     import torch
     import torch.nn.functional as F
@@ -86,6 +91,66 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"T": t, "gpu": torch.cuda.get_device_name(), "median_ms": med,
+                       "samples_ms": samples}, fh, indent=1)
+    return 0
+
+
+def _decode(args) -> int:
+    """Decode stages at t = T - 1 for B sequences (the decode suite's target layout), CUDA graphs."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from bench.timing import Timer, measure
+    from nsa import ops
+    from nsa.backends import triton_nsa
+
+    if not torch.cuda.is_available():
+        print("nsa_breakdown needs CUDA", file=sys.stderr)
+        return 2
+    dev, dt, t, b = "cuda", torch.bfloat16, args.T, args.decode_batch
+    g = torch.Generator(device=dev).manual_seed(0)
+    r = lambda *s: torch.randn(*s, device=dev, dtype=dt, generator=g)  # noqa: E731
+    q, gates = r(b, 1, 64, 128), torch.sigmoid(r(b, 1, 64, 3))
+    k, v = r(b, t, 4, 128), r(b, t, 4, 128)
+    kc, vc = ops.compress_kv(k, v, block=32, stride=16)
+    s0 = t - 1
+    o_cmp, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64,
+                                                     scale=128 ** -0.5, q_start=s0)
+    idx = triton_nsa.topn(scores, s0, sel_block=64, sel_count=16)
+    o_sel = ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton", q_start=s0)
+    kw, vw = k[:, -512:], v[:, -512:]
+    o_win = ops.sliding_window_attention(q, kw, vw, window=512, backend="sdpa", q_start=s0, k_start=t - 512)
+
+    def dense(backend):
+        def fn():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                      enable_gqa=True)
+        return fn
+
+    stages = {
+        "cmp attention + scores (triton split)": lambda: triton_nsa.compressed_and_scores(
+            q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5, q_start=s0),
+        "cmp attention only (triton split)": lambda: triton_nsa.compressed_and_scores(
+            q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5, q_start=s0, scores=False),
+        "top-n (triton)": lambda: triton_nsa.topn(scores, s0, sel_block=64, sel_count=16),
+        "selected attention (triton)": lambda: ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton",
+                                                                      q_start=s0),
+        "sliding w=512 (sdpa)": lambda: ops.sliding_window_attention(q, kw, vw, window=512, backend="sdpa",
+                                                                     q_start=s0, k_start=t - 512),
+        "gated sum (torch)": lambda: gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win,
+        "dense decode FA-2": dense(SDPBackend.FLASH_ATTENTION),
+        "dense decode cuDNN": dense(SDPBackend.CUDNN_ATTENTION),
+    }
+    samples = measure(stages, Timer(warmup_ms=25, rep_ms=200, cuda_graph=True))
+    med = {name: statistics.median(x) for name, x in samples.items()}
+    print(f"decode B={b} t={s0} ({torch.cuda.get_device_name()}), CUDA graphs")
+    for name, ms in med.items():
+        print(f"  {name:40s} {ms * 1000:9.1f} us")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"T": t, "B": b, "decode": True, "gpu": torch.cuda.get_device_name(), "median_ms": med,
                        "samples_ms": samples}, fh, indent=1)
     return 0
 

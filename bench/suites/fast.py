@@ -29,14 +29,18 @@ SIZES = {
 }
 # The kernel-alone cells carry `part: sel` so their dense cases get ids of their own.
 SEL_SIZES = {size: tuple({**params, "part": "sel"} for params in grid) for size, grid in SIZES.items()}
+# The sliding branch on FlexAttention instead of FA-2 (the faster of the two on the H200's fa2
+# sweep above 2k tokens); its own case id, so both whole-NSA timings sit in one cell.
+FLEX_WIN = Variant("triton", "candidate", (("win", "flex"),))
 SPECS = (
-    CaseSpec("nsa_prefill", (*DENSE, Variant("triton", "candidate")), SIZES),
+    CaseSpec("nsa_prefill", (*DENSE, Variant("triton", "candidate"), FLEX_WIN), SIZES),
     CaseSpec("selected", (*DENSE, Variant("triton", "candidate")), SEL_SIZES),
 )
 
 
-def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any]):
-    """NSA attention forward on the fast path -> `[B, T, Hq, Dv]` (projections excluded)."""
+def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any], win_backend: str | None = None):
+    """NSA attention forward on the fast path -> `[B, T, Hq, Dv]` (projections excluded); the
+    sliding branch on `win_backend` (default: FA-2 where it can run, else masked SDPA)."""
     import torch
 
     from nsa import ops
@@ -48,7 +52,7 @@ def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any]):
                                                      sel_block=p["sel_block"], scale=scale)
     idx = triton_nsa.topn(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])
     fa2_ok = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == kv["win"][1].shape[-1]
-    win_backend = "fa2" if fa2_ok else "sdpa"
+    win_backend = win_backend or ("fa2" if fa2_ok else "sdpa")
     o_win = ops.sliding_window_attention(q, *kv["win"], window=p["window"], backend=win_backend)
     # The selection kernel's epilogue forms the gated sum.
     return triton_nsa.selected_gated(q, *kv["sel"], idx, sel_block=p["sel_block"], scale=scale, gates=gates,
@@ -60,7 +64,8 @@ def build(cell: Cell, device) -> Workload:
     from torch.nn.attention import SDPBackend
 
     from bench import parity
-    from nsa import ops
+    from nsa import backends, ops
+    from nsa.backends import AttnCall
 
     p = cell.params
     dtype, gen = parity.dtype_of(p["dtype"]), parity.generator(device, 0)
@@ -77,9 +82,16 @@ def build(cell: Cell, device) -> Workload:
             continue
         work.backends[v.key] = "triton"
         if cell.op == "nsa_prefill":
-            fn = lambda: nsa_triton(q, kv, gates, p)  # noqa: E731
+            win = dict(v.extra).get("win")
+            if win == "flex":
+                call = AttnCall("sliding", q, kv["win"][0], kv["win"][1], p["Dk"] ** -0.5, window=p["window"])
+                reason = backends.unavailable_reason("flex", device) or backends.unsupported_reason("flex", call)
+                if reason is not None:
+                    work.reasons[v.key] = f"flex cannot run the sliding branch here: {reason}"
+                    continue
+            fn = lambda win=win: nsa_triton(q, kv, gates, p, win)  # noqa: E731
             work.extra[v.key] = {"branch_backends": {"cmp": "triton", "sel": "triton",
-                                                     "win": "fa2" if device.type == "cuda" else "sdpa"}}
+                                                     "win": win or ("fa2" if device.type == "cuda" else "sdpa")}}
         else:
             kc, _ = ops.compress_kv(*kv["cmp"], block=p["block"], stride=p["stride"])
             idx = ops.select_blocks(q, kc, block=p["block"], stride=p["stride"], sel_block=p["sel_block"],

@@ -71,15 +71,19 @@ def _np2(x: int, floor: int = 16) -> int:
 if triton is not None:
 
     @triton.jit
-    def _sel_fwd(Q, K, V, IDX, Out, OC, OW, GT,
+    def _sel_fwd(Q, K, V, IDX, Out, OC, OW, GT, PART,
                  sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sib, sit, sih, sob, sot, soh,
                  scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc,
                  T_k, q_start, k_start, scale,
                  HKV: tl.constexpr, G: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
                  DK: tl.constexpr, DV: tl.constexpr, BG: tl.constexpr, BDK: tl.constexpr,
-                 BDV: tl.constexpr, IEEE: tl.constexpr, GATED: tl.constexpr):
+                 BDV: tl.constexpr, IEEE: tl.constexpr, GATED: tl.constexpr, PER: tl.constexpr,
+                 SPLIT: tl.constexpr):
+        """SPLIT > 1 (decode, few rows): program (t, group, split) takes blocks
+        `[split * PER, (split + 1) * PER)` and writes its (m, l, acc) to PART for `_sel_combine`."""
         t = tl.program_id(0)
         bh = tl.program_id(1)
+        part = tl.program_id(2)
         b = bh // HKV
         h = bh % HKV
         t_abs = q_start + t
@@ -93,8 +97,9 @@ if triton is not None:
         m_i = tl.full([BG], float("-inf"), tl.float32)
         l_i = tl.zeros([BG], tl.float32)
         acc = tl.zeros([BG, BDV], tl.float32)
-        for s in range(N_SEL):
-            blk = tl.load(IDX + b * sib + t * sit + h * sih + s)
+        for i in range(PER):
+            blk = tl.load(IDX + b * sib + t * sit + h * sih + part * PER + i,
+                          mask=part * PER + i < N_SEL, other=-1)
             pos = blk * SEL + offs_s
             valid = (blk >= 0) & (pos <= t_abs) & (pos >= k_start) & (pos < k_start + T_k)
             kpos = pos - k_start
@@ -118,20 +123,55 @@ if triton is not None:
                 pv = tl.dot(p.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
-        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
-        o = acc / l_safe[:, None]
-        omask = (offs_g[:, None] < G) & (offs_dv[None, :] < DV)
-        if GATED:
-            # Epilogue: the module's gated sum g_cmp * o_cmp + g_sel * o_sel + g_win * o_win, in fp32.
-            oc = tl.load(OC + b * scb + t * sct + heads[:, None] * sch + offs_dv[None, :], mask=omask, other=0.0)
-            ow = tl.load(OW + b * swb + t * swt + heads[:, None] * swh + offs_dv[None, :], mask=omask, other=0.0)
-            gate = GT + b * sgb + t * sgt + heads * sgh
-            g_cmp = tl.load(gate, mask=offs_g < G, other=0.0).to(tl.float32)
-            g_sel = tl.load(gate + sgc, mask=offs_g < G, other=0.0).to(tl.float32)
-            g_win = tl.load(gate + 2 * sgc, mask=offs_g < G, other=0.0).to(tl.float32)
-            o = g_cmp[:, None] * oc.to(tl.float32) + g_sel[:, None] * o + g_win[:, None] * ow.to(tl.float32)
+        if SPLIT > 1:
+            # Partial result of this split: [m, l, acc...] per row, combined by _sel_combine.
+            row = ((t * tl.num_programs(1) + bh) * SPLIT + part) * BG + offs_g
+            tl.store(PART + row * (BDV + 2), m_i)
+            tl.store(PART + row * (BDV + 2) + 1, l_i)
+            tl.store(PART + row[:, None] * (BDV + 2) + 2 + offs_dv[None, :], acc)
+        else:
+            l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+            o = acc / l_safe[:, None]
+            omask = (offs_g[:, None] < G) & (offs_dv[None, :] < DV)
+            if GATED:
+                # Epilogue: the module's gated sum g_cmp * o_cmp + g_sel * o_sel + g_win * o_win, in fp32.
+                oc = tl.load(OC + b * scb + t * sct + heads[:, None] * sch + offs_dv[None, :], mask=omask, other=0.0)
+                ow = tl.load(OW + b * swb + t * swt + heads[:, None] * swh + offs_dv[None, :], mask=omask, other=0.0)
+                gate = GT + b * sgb + t * sgt + heads * sgh
+                g_cmp = tl.load(gate, mask=offs_g < G, other=0.0).to(tl.float32)
+                g_sel = tl.load(gate + sgc, mask=offs_g < G, other=0.0).to(tl.float32)
+                g_win = tl.load(gate + 2 * sgc, mask=offs_g < G, other=0.0).to(tl.float32)
+                o = g_cmp[:, None] * oc.to(tl.float32) + g_sel[:, None] * o + g_win[:, None] * ow.to(tl.float32)
+            tl.store(Out + b * sob + t * sot + heads[:, None] * soh + offs_dv[None, :], o.to(Out.dtype.element_ty),
+                     mask=omask)
+
+    @triton.jit
+    def _sel_combine(PART, Out, sob, sot, soh,
+                     HKV: tl.constexpr, G: tl.constexpr, DV: tl.constexpr, BG: tl.constexpr, BDV: tl.constexpr,
+                     SPLIT: tl.constexpr):
+        """out = sum_s exp(m_s - m) acc_s / sum_s exp(m_s - m) l_s over the splits of `_sel_fwd`."""
+        t = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // HKV
+        h = bh % HKV
+        offs_g = tl.arange(0, BG)
+        offs_dv = tl.arange(0, BDV)
+        base = (t * tl.num_programs(1) + bh) * SPLIT * BG
+        m = tl.full([BG], float("-inf"), tl.float32)
+        for s in range(SPLIT):
+            m = tl.maximum(m, tl.load(PART + (base + s * BG + offs_g) * (BDV + 2)))
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        l_tot = tl.zeros([BG], tl.float32)
+        acc = tl.zeros([BG, BDV], tl.float32)
+        for s in range(SPLIT):
+            row = base + s * BG + offs_g
+            w = tl.exp(tl.load(PART + row * (BDV + 2)) - m_safe)
+            l_tot += w * tl.load(PART + row * (BDV + 2) + 1)
+            acc += w[:, None] * tl.load(PART + row[:, None] * (BDV + 2) + 2 + offs_dv[None, :])
+        o = acc / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
+        heads = h * G + offs_g
         tl.store(Out + b * sob + t * sot + heads[:, None] * soh + offs_dv[None, :], o.to(Out.dtype.element_ty),
-                 mask=omask)
+                 mask=(offs_g[:, None] < G) & (offs_dv[None, :] < DV))
 
     @triton.jit
     def _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale,
@@ -333,6 +373,71 @@ if triton is not None:
                          + tl.arange(0, SHIFT)[None, :], carry)
 
     @triton.jit
+    def _topn_part(S, CS, CI, ssb, sst, ssh, NB, q_start,
+                   HKV: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, CHK: tl.constexpr, NP: tl.constexpr,
+                   BN: tl.constexpr):
+        """Stage 1 of the few-rows top-n (decode): the top `N` of one chunk of `CHK` blocks of a row,
+        under the same forced/candidate rules, as (score, index) candidates; empty slots -inf."""
+        t = tl.program_id(0)
+        bh = tl.program_id(1)
+        part = tl.program_id(2)
+        b = bh // HKV
+        h = bh % HKV
+        cur = (q_start + t) // SEL
+        j = part * CHK + tl.arange(0, CHK)
+        s = tl.load(S + b * ssb + t * sst + h * ssh + j, mask=j < NB, other=0.0)
+        s = tl.where((j == 0) | (j == cur) | (j == cur - 1), float("inf"), s)
+        s = tl.where(j <= cur, s, float("-inf"))
+        chosen = j < 0
+        for _ in range(N):
+            best = tl.max(s, 0)
+            first = tl.min(tl.where(s == best, j, NB + CHK), 0)
+            pick = (j == first) & (s > float("-inf"))
+            chosen = chosen | pick
+            s = tl.where(pick, float("-inf"), s)
+        slot = tl.cumsum(chosen.to(tl.int32), 0) - 1
+        out = ((t * tl.num_programs(1) + bh) * NP + part) * N
+        score = tl.load(S + b * ssb + t * sst + h * ssh + j, mask=j < NB, other=0.0)
+        score = tl.where((j == 0) | (j == cur) | (j == cur - 1), float("inf"), score)
+        tl.store(CS + out + slot, score, mask=chosen)
+        tl.store(CI + out + slot, j, mask=chosen)
+        count = tl.sum(chosen.to(tl.int32), 0)
+        offs_n = tl.arange(0, BN)
+        empty = (offs_n >= count) & (offs_n < N)
+        tl.store(CS + out + offs_n, tl.full([BN], float("-inf"), tl.float32), mask=empty)
+        tl.store(CI + out + offs_n, tl.full([BN], -1, tl.int32), mask=empty)
+
+    @triton.jit
+    def _topn_merge(CS, CI, IDX, sib, sit, sih,
+                    HKV: tl.constexpr, N: tl.constexpr, NC: tl.constexpr, BC: tl.constexpr, BN: tl.constexpr):
+        """Stage 2: the top `N` of a row's `NC` candidates (highest score, ties to the lower block
+        index), written ascending with -1 padding, like `_topn`."""
+        t = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // HKV
+        h = bh % HKV
+        c = tl.arange(0, BC)
+        base = (t * tl.num_programs(1) + bh) * NC
+        s = tl.load(CS + base + c, mask=c < NC, other=float("-inf"))
+        j = tl.load(CI + base + c, mask=c < NC, other=-1)
+        big = 2147483647
+        chosen = c < 0
+        for _ in range(N):
+            best = tl.max(s, 0)
+            first = tl.min(tl.where((s == best) & (j >= 0), j, big), 0)
+            pick = (j == first) & (s > float("-inf"))
+            chosen = chosen | pick
+            s = tl.where(pick, float("-inf"), s)
+        # Slot of a chosen block: the number of chosen blocks with a lower index.
+        lower = (j[None, :] < j[:, None]) & chosen[None, :]
+        slot = tl.sum(lower.to(tl.int32), 1)
+        out = IDX + b * sib + t * sit + h * sih
+        tl.store(out + slot, j, mask=chosen)
+        count = tl.sum(chosen.to(tl.int32), 0)
+        offs_n = tl.arange(0, BN)
+        tl.store(out + offs_n, tl.full([BN], -1, tl.int32), mask=(offs_n >= count) & (offs_n < N))
+
+    @triton.jit
     def _add_spill(S, SPILL, ssb, sst, ssh, T, NB,
                    HKV: tl.constexpr, BTQ: tl.constexpr, SHIFT: tl.constexpr, CHB: tl.constexpr):
         """S[block (s+1)*CHB + k] += SPILL[s, k]: chunk s's scores past its last block (the next
@@ -408,14 +513,25 @@ def _selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, s
     o = torch.empty(b, tq, hq, dv, dtype=q.dtype, device=q.device)
     gates, o_cmp, o_win = gated if gated is not None else (o, o, o)   # unused pointers when not gated
     group = hq // hkv
-    _sel_fwd[(tq, b * hkv)](
-        q, k, v, idx, o, o_cmp, o_win, gates, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
+    n_sel = idx.shape[-1]
+    # Few rows (decode): split each row's blocks over programs, then combine (flash-decoding).
+    split = TILES["sel_split"] if gated is None and tq * b * hkv < TILES["sel_split_rows"] else 1
+    split = max(1, min(split, n_sel))
+    per = triton.cdiv(n_sel, split)
+    part = (torch.empty(tq * b * hkv * split * _np2(group) * (_np2(dv) + 2), dtype=torch.float32, device=q.device)
+            if split > 1 else o)
+    _sel_fwd[(tq, b * hkv, split)](
+        q, k, v, idx, o, o_cmp, o_win, gates, part, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
         k.stride(2), v.stride(0), v.stride(1), v.stride(2), idx.stride(0), idx.stride(1), idx.stride(2),
         o.stride(0), o.stride(1), o.stride(2), o_cmp.stride(0), o_cmp.stride(1), o_cmp.stride(2),
         o_win.stride(0), o_win.stride(1), o_win.stride(2), gates.stride(0), gates.stride(1), gates.stride(2),
         gates.stride(3), k.shape[1], q_start, k_start, scale,
-        HKV=hkv, G=group, N_SEL=idx.shape[-1], SEL=sel_block, DK=dk, DV=dv, BG=_np2(group),
-        BDK=_np2(dk), BDV=_np2(dv), IEEE=q.dtype == torch.float32, GATED=gated is not None, **_launch("sel"))
+        HKV=hkv, G=group, N_SEL=n_sel, SEL=sel_block, DK=dk, DV=dv, BG=_np2(group),
+        BDK=_np2(dk), BDV=_np2(dv), IEEE=q.dtype == torch.float32, GATED=gated is not None, PER=per, SPLIT=split,
+        **_launch("sel"))
+    if split > 1:
+        _sel_combine[(tq, b * hkv)](part, o, o.stride(0), o.stride(1), o.stride(2), HKV=hkv, G=group, DV=dv,
+                                    BG=_np2(group), BDV=_np2(dv), SPLIT=split)
     return o
 
 
@@ -432,6 +548,10 @@ TILES: dict[str, Any] = {
     "split_tiles": 8,       # decode: compressed tiles per chunk of the split kernel
     "split_warps": 1,
     "split_stages": None,
+    "sel_split": 4,           # decode: programs per row of the selection kernel (blocks split)
+    "sel_split_rows": 1024,   # fewer (query, group) rows than this: split
+    "topn_split_rows": 2048,  # fewer score rows than this (decode): two-stage top-n over chunks
+    "topn_chunk": 128,        # blocks per chunk of the two-stage top-n
 }
 
 
@@ -538,6 +658,18 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int) -> Ten
     scores = scores if scores.stride(-1) == 1 else scores.contiguous()
     idx = torch.empty(b, tq, hkv, sel_count, dtype=torch.int32, device=scores.device)
     if tq == 0:
+        return idx
+    parts = triton.cdiv(nb, TILES["topn_chunk"])
+    if b * tq * hkv < TILES["topn_split_rows"] and parts > 1:
+        # Few rows (decode): split each row's blocks over chunks, then merge the candidates.
+        chk, bn = TILES["topn_chunk"], _np2(sel_count, 16)
+        cs = torch.empty(tq, b * hkv, parts, sel_count, dtype=torch.float32, device=scores.device)
+        ci = torch.empty(tq, b * hkv, parts, sel_count, dtype=torch.int32, device=scores.device)
+        _topn_part[(tq, b * hkv, parts)](scores, cs, ci, scores.stride(0), scores.stride(1), scores.stride(2), nb,
+                                         q_start, HKV=hkv, SEL=sel_block, N=sel_count, CHK=chk, NP=parts, BN=bn,
+                                         num_warps=1)
+        _topn_merge[(tq, b * hkv)](cs, ci, idx, idx.stride(0), idx.stride(1), idx.stride(2), HKV=hkv, N=sel_count,
+                                   NC=parts * sel_count, BC=_np2(parts * sel_count, 16), BN=bn, num_warps=4)
         return idx
     bnb = _np2(nb, 16)
     _topn[(tq, b * hkv)](scores, idx, scores.stride(0), scores.stride(1), scores.stride(2), idx.stride(0),

@@ -21,8 +21,13 @@ SHAPES = [(1, 37, 4, 4, 16, 16), (2, 70, 8, 2, 16, 8), (1, 45, 16, 1, 32, 16)]
 IDS = [f"B{s[0]}-T{s[1]}-Hq{s[2]}-Hkv{s[3]}-dk{s[4]}-dv{s[5]}" for s in SHAPES]
 
 
+@pytest.mark.parametrize("split", [1, 2, 4], ids=["one-program", "split2", "split4"])
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-def test_triton_selected_matches_oracle(shape, seed):
+def test_triton_selected_matches_oracle(shape, split, seed, monkeypatch):
+    """One program per (query, group), or the blocks split over 2 or 4 programs and combined
+    (decode's path; 3 blocks over 2 programs leaves one slot empty)."""
+    monkeypatch.setitem(triton_nsa.TILES, "sel_split", split)
+    monkeypatch.setitem(triton_nsa.TILES, "sel_split_rows", 10 ** 9)
     q, k, v = qkv(*shape, device=DEV)
     kc, _ = ops.compress_kv(k, v, block=8, stride=4)
     idx = ops.select_blocks(q, kc, block=8, stride=4, sel_block=16, sel_count=3)
@@ -119,11 +124,16 @@ def test_interpreter_flag_is_what_cpu_runs_use():
         assert os.environ.get("TRITON_INTERPRET") == "1"
 
 
+@pytest.mark.parametrize("two_stage", [False, True], ids=["one-pass", "chunks+merge"])
 @pytest.mark.parametrize("q_start", [0, 40])
-def test_triton_topn_matches_select_topn(q_start, seed):
+def test_triton_topn_matches_select_topn(q_start, two_stage, seed, monkeypatch):
     """Same blocks as the PyTorch rule, including ties (scores drawn from a few values), rows with
-    fewer candidates than n (-1 padding) and a decode-like q_start."""
+    fewer candidates than n (-1 padding) and a decode-like q_start; also the few-rows path that
+    splits each row over chunks of 4 blocks and merges the chunks' candidates."""
     from nsa.selection import select_topn
+
+    monkeypatch.setitem(triton_nsa.TILES, "topn_split_rows", 10 ** 9 if two_stage else 0)
+    monkeypatch.setitem(triton_nsa.TILES, "topn_chunk", 4)
 
     b, tq, hkv, sel_block, n = 2, 29, 3, 4, 5
     nb = (q_start + tq - 1) // sel_block + 1
