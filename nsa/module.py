@@ -313,29 +313,19 @@ class NSAAttention(nn.Module):
         `q [B, 1, Hq, dk]` (RoPE applied) and `gates [B, 1, Hq, 3]` of the token at
         `t = cache.length - 1`, whose K/V the cache already holds -> `[B, 1, Hq, dv]`. Sets
         `cache.reads`; changes nothing else, so it can be replayed (CUDA graphs)."""
-        c = self.config
         t = cache.length - 1
+        v_sel = cache.raw[self._kv_name("sel")][1].view()
+        if {"cmp", "sel"} & set(branches) and self._use_triton(q, v_sel, t + 1):
+            return self._decode_attend_triton(q, gates, cache, branches, t)
+        c = self.config
         reads = ReadCounts()
         out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
-        v_sel = cache.raw[self._kv_name("sel")][1].view()
-        fused = bool({"cmp", "sel"} & set(branches)) and self._use_triton(q, v_sel, t + 1)
-        if fused:
-            o_cmp, idx = self._cmp_topn_triton(q, cache.k_cmp, cache.v_cmp, branches, t)
-            if o_cmp is not None:
-                reads.cmp = cache.k_cmp.shape[1]
-                out = out + gates[..., 0:1] * o_cmp
-            if idx is not None:
-                kb, vb = cache.raw[self._kv_name("sel")]
-                o = ops.selected_attention(q, kb.view(), vb.view(), idx, sel_block=c.sel_block,
-                                           scale=c.softmax_scale, backend="triton", q_start=t)
-                reads.sel_blocks, reads.sel = idx, _selected_reads(idx, t, c.sel_block)
-                out = out + gates[..., 1:2] * o
-        if "cmp" in branches and not fused:
+        if "cmp" in branches:
             o = ops.compressed_attention(q, cache.k_cmp, cache.v_cmp, block=c.cmp_block, stride=c.cmp_stride,
                                          scale=c.softmax_scale, backend=self.backend, q_start=t)
             reads.cmp = cache.k_cmp.shape[1]
             out = out + gates[..., 0:1] * o
-        if "sel" in branches and not fused:
+        if "sel" in branches:
             idx = ops.select_blocks(q, cache.k_cmp, block=c.cmp_block, stride=c.cmp_stride,
                                     sel_block=c.sel_block, sel_count=c.sel_count, scale=c.softmax_scale,
                                     q_start=t)
@@ -347,11 +337,46 @@ class NSAAttention(nn.Module):
             kb, vb = cache.raw[self._kv_name("win")]
             k_w, v_w = kb.view(c.window), vb.view(c.window)
             o = ops.sliding_window_attention(q, k_w, v_w, window=c.window, scale=c.softmax_scale,
-                                             backend="auto" if self.backend == "triton" else self.backend,
-                                             q_start=t, k_start=t + 1 - k_w.shape[1])
+                                             backend=self.backend, q_start=t, k_start=t + 1 - k_w.shape[1])
             reads.win = k_w.shape[1]
             out = out + gates[..., 2:3] * o
         cache.reads = reads
+        return out
+
+    def _decode_attend_triton(self, q: Tensor, gates: Tensor, cache: NSACache, branches: Sequence[str],
+                              t: int) -> Tensor:
+        """`decode_attend` on the Triton kernels: compressed + scores split over chunks of the
+        compressed keys, two-stage top-n, the window's blocks through the selection kernel, and
+        the selection kernel (blocks split, combined) forming the gated sum when all three run."""
+        from nsa.backends import triton_nsa
+
+        c = self.config
+        reads = ReadCounts()
+        o_cmp, idx = self._cmp_topn_triton(q, cache.k_cmp, cache.v_cmp, branches, t)
+        o_win = None
+        if "win" in branches:
+            kb, vb = cache.raw[self._kv_name("win")]
+            k_w, v_w = kb.view(c.window), vb.view(c.window)
+            o_win = triton_nsa.sliding_decode(q, k_w, v_w, t=t, scale=c.softmax_scale)
+            reads.win = k_w.shape[1]
+        if o_cmp is not None:
+            reads.cmp = cache.k_cmp.shape[1]
+        kb, vb = cache.raw[self._kv_name("sel")]
+        if idx is not None:
+            reads.sel_blocks, reads.sel = idx, _selected_reads(idx, t, c.sel_block)
+        cache.reads = reads
+        if o_cmp is not None and idx is not None and o_win is not None:
+            return triton_nsa.selected_gated(q, kb.view(), vb.view(), idx, sel_block=c.sel_block,
+                                             scale=c.softmax_scale, gates=gates, o_cmp=o_cmp, o_win=o_win, q_start=t)
+        out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
+        if o_cmp is not None:
+            out = out + gates[..., 0:1] * o_cmp
+        if idx is not None:
+            o = ops.selected_attention(q, kb.view(), vb.view(), idx, sel_block=c.sel_block, scale=c.softmax_scale,
+                                       backend="triton", q_start=t)
+            out = out + gates[..., 1:2] * o
+        if o_win is not None:
+            out = out + gates[..., 2:3] * o_win
         return out
 
     def _extend_compressed(self, cache: NSACache, t: int) -> None:

@@ -71,6 +71,18 @@ def _np2(x: int, floor: int = 16) -> int:
 if triton is not None:
 
     @triton.jit
+    def _gated(o, OC, OW, GT, b, t, heads, offs_g, offs_dv, omask, scb, sct, sch, swb, swt, swh,
+               sgb, sgt, sgh, sgc, G: tl.constexpr):
+        """The module's gated sum g_cmp * o_cmp + g_sel * o + g_win * o_win for one query's heads, fp32."""
+        oc = tl.load(OC + b * scb + t * sct + heads[:, None] * sch + offs_dv[None, :], mask=omask, other=0.0)
+        ow = tl.load(OW + b * swb + t * swt + heads[:, None] * swh + offs_dv[None, :], mask=omask, other=0.0)
+        gate = GT + b * sgb + t * sgt + heads * sgh
+        g_cmp = tl.load(gate, mask=offs_g < G, other=0.0).to(tl.float32)
+        g_sel = tl.load(gate + sgc, mask=offs_g < G, other=0.0).to(tl.float32)
+        g_win = tl.load(gate + 2 * sgc, mask=offs_g < G, other=0.0).to(tl.float32)
+        return g_cmp[:, None] * oc.to(tl.float32) + g_sel[:, None] * o + g_win[:, None] * ow.to(tl.float32)
+
+    @triton.jit
     def _sel_fwd(Q, K, V, IDX, Out, OC, OW, GT, PART,
                  sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sib, sit, sih, sob, sot, soh,
                  scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc,
@@ -134,22 +146,17 @@ if triton is not None:
             o = acc / l_safe[:, None]
             omask = (offs_g[:, None] < G) & (offs_dv[None, :] < DV)
             if GATED:
-                # Epilogue: the module's gated sum g_cmp * o_cmp + g_sel * o_sel + g_win * o_win, in fp32.
-                oc = tl.load(OC + b * scb + t * sct + heads[:, None] * sch + offs_dv[None, :], mask=omask, other=0.0)
-                ow = tl.load(OW + b * swb + t * swt + heads[:, None] * swh + offs_dv[None, :], mask=omask, other=0.0)
-                gate = GT + b * sgb + t * sgt + heads * sgh
-                g_cmp = tl.load(gate, mask=offs_g < G, other=0.0).to(tl.float32)
-                g_sel = tl.load(gate + sgc, mask=offs_g < G, other=0.0).to(tl.float32)
-                g_win = tl.load(gate + 2 * sgc, mask=offs_g < G, other=0.0).to(tl.float32)
-                o = g_cmp[:, None] * oc.to(tl.float32) + g_sel[:, None] * o + g_win[:, None] * ow.to(tl.float32)
+                o = _gated(o, OC, OW, GT, b, t, heads, offs_g, offs_dv, omask, scb, sct, sch, swb, swt, swh,
+                           sgb, sgt, sgh, sgc, G)
             tl.store(Out + b * sob + t * sot + heads[:, None] * soh + offs_dv[None, :], o.to(Out.dtype.element_ty),
                      mask=omask)
 
     @triton.jit
-    def _sel_combine(PART, Out, sob, sot, soh,
+    def _sel_combine(PART, Out, OC, OW, GT, sob, sot, soh, scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc,
                      HKV: tl.constexpr, G: tl.constexpr, DV: tl.constexpr, BG: tl.constexpr, BDV: tl.constexpr,
-                     SPLIT: tl.constexpr):
-        """out = sum_s exp(m_s - m) acc_s / sum_s exp(m_s - m) l_s over the splits of `_sel_fwd`."""
+                     SPLIT: tl.constexpr, GATED: tl.constexpr):
+        """out = sum_s exp(m_s - m) acc_s / sum_s exp(m_s - m) l_s over the splits of `_sel_fwd`
+        (then the gated sum, with GATED)."""
         t = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // HKV
@@ -170,8 +177,12 @@ if triton is not None:
             acc += w[:, None] * tl.load(PART + row[:, None] * (BDV + 2) + 2 + offs_dv[None, :])
         o = acc / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
         heads = h * G + offs_g
+        omask = (offs_g[:, None] < G) & (offs_dv[None, :] < DV)
+        if GATED:
+            o = _gated(o, OC, OW, GT, b, t, heads, offs_g, offs_dv, omask, scb, sct, sch, swb, swt, swh,
+                       sgb, sgt, sgh, sgc, G)
         tl.store(Out + b * sob + t * sot + heads[:, None] * soh + offs_dv[None, :], o.to(Out.dtype.element_ty),
-                 mask=(offs_g[:, None] < G) & (offs_dv[None, :] < DV))
+                 mask=omask)
 
     @triton.jit
     def _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale,
@@ -515,7 +526,7 @@ def _selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, s
     group = hq // hkv
     n_sel = idx.shape[-1]
     # Few rows (decode): split each row's blocks over programs, then combine (flash-decoding).
-    split = TILES["sel_split"] if gated is None and tq * b * hkv < TILES["sel_split_rows"] else 1
+    split = TILES["sel_split"] if tq * b * hkv < TILES["sel_split_rows"] else 1
     split = max(1, min(split, n_sel))
     per = triton.cdiv(n_sel, split)
     part = (torch.empty(tq * b * hkv * split * _np2(group) * (_np2(dv) + 2), dtype=torch.float32, device=q.device)
@@ -530,9 +541,27 @@ def _selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, s
         BDK=_np2(dk), BDV=_np2(dv), IEEE=q.dtype == torch.float32, GATED=gated is not None, PER=per, SPLIT=split,
         **_launch("sel"))
     if split > 1:
-        _sel_combine[(tq, b * hkv)](part, o, o.stride(0), o.stride(1), o.stride(2), HKV=hkv, G=group, DV=dv,
-                                    BG=_np2(group), BDV=_np2(dv), SPLIT=split)
+        _sel_combine[(tq, b * hkv)](part, o, o_cmp, o_win, gates, o.stride(0), o.stride(1), o.stride(2),
+                                    o_cmp.stride(0), o_cmp.stride(1), o_cmp.stride(2), o_win.stride(0),
+                                    o_win.stride(1), o_win.stride(2), gates.stride(0), gates.stride(1),
+                                    gates.stride(2), gates.stride(3), HKV=hkv, G=group, DV=dv, BG=_np2(group),
+                                    BDV=_np2(dv), SPLIT=split, GATED=gated is not None)
     return o
+
+
+def sliding_decode(q: Tensor, k_w: Tensor, v_w: Tensor, *, t: int, scale: float, block: int = 64) -> Tensor:
+    """Decode's sliding branch through the selection kernel: the query at position `t`
+    (`q [B, 1, Hq, dk]`) over the window cache `k_w/v_w [B, n, Hkv, D]` holding positions
+    `t+1-n .. t` (the last `n <= w` tokens); the window's `block`-token blocks are the block list
+    and the kernel's own mask keeps exactly those positions."""
+    if q.shape[1] != 1:
+        raise ValueError(f"sliding_decode takes one query per sequence, got {q.shape[1]}; use the sliding op")
+    n = k_w.shape[1]
+    k_start = t + 1 - n
+    first, last = k_start // block, t // block
+    b, hkv = q.shape[0], k_w.shape[2]
+    idx = torch.arange(first, last + 1, device=q.device, dtype=torch.int32).expand(b, q.shape[1], hkv, -1)
+    return _selected(q, k_w, v_w, idx, sel_block=block, scale=scale, q_start=t, k_start=k_start)
 
 
 # Launch parameters; the defaults are what bench/triton_tiles.py measured best on the H100 (it

@@ -169,3 +169,27 @@ def test_triton_split_decode_matches_prefill_rows(shape, seed, monkeypatch):
         assert rel_err(o1, ref[:, start:start + 1]) < 1e-5
         assert torch.allclose(s1, full_s[:, start:start + 1, :, :s1.shape[-1]], rtol=1e-5, atol=1e-6)
     assert calls and min(calls) >= 2, f"the split path ran with several chunks: {calls}"
+
+
+@pytest.mark.parametrize("split", [1, 4], ids=["one-program", "split4"])
+def test_triton_selected_gated_is_the_gated_sum(split, seed, monkeypatch):
+    """The selection kernel's gated epilogue (and the split combine's) equals the gated sum of
+    the three branch outputs computed apart; the window-through-selection decode path equals
+    the sliding op."""
+    monkeypatch.setitem(triton_nsa.TILES, "sel_split", split)
+    monkeypatch.setitem(triton_nsa.TILES, "sel_split_rows", 10 ** 9)
+    q, k, v = qkv(2, 45, 8, 2, 16, 16, device=DEV)
+    kc, vc = ops.compress_kv(k, v, block=8, stride=4)
+    idx = ops.select_blocks(q, kc, block=8, stride=4, sel_block=16, sel_count=3)
+    o_cmp = ops.compressed_attention(q, kc, vc, block=8, stride=4)
+    o_win = ops.sliding_window_attention(q, k, v, window=20)
+    gates = torch.sigmoid(rand(2, 45, 8, 3, device=DEV))
+    o_sel = ops.selected_attention(q, k, v, idx, sel_block=16)
+    want = gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win
+    got = triton_nsa.selected_gated(q, k, v, idx, sel_block=16, scale=16 ** -0.5, gates=gates, o_cmp=o_cmp,
+                                    o_win=o_win)
+    assert rel_err(got, want) < 1e-5
+    t = 44
+    o_t = triton_nsa.sliding_decode(q[:, t:t + 1], k[:, t + 1 - 20:t + 1], v[:, t + 1 - 20:t + 1], t=t,
+                                    scale=16 ** -0.5, block=16)
+    assert rel_err(o_t, o_win[:, t:t + 1]) < 1e-5
