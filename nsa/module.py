@@ -337,7 +337,8 @@ class NSAAttention(nn.Module):
             kb, vb = cache.raw[self._kv_name("win")]
             k_w, v_w = kb.view(c.window), vb.view(c.window)
             o = ops.sliding_window_attention(q, k_w, v_w, window=c.window, scale=c.softmax_scale,
-                                             backend=self.backend, q_start=t, k_start=t + 1 - k_w.shape[1])
+                                             backend="auto" if self.backend == "triton" else self.backend,
+                                             q_start=t, k_start=t + 1 - k_w.shape[1])
             reads.win = k_w.shape[1]
             out = out + gates[..., 2:3] * o
         cache.reads = reads
