@@ -26,15 +26,19 @@ _THROTTLE_BITS = {
 
 def git_sha(root: str | os.PathLike[str] = REPO_ROOT) -> str:
     """`git rev-parse HEAD`, plus `-dirty` when tracked files differ; "unknown" outside a repo
-    (or before the first commit)."""
+    (or before the first commit). An explicit `NSA_GIT_SHA` wins: a tree copied to a GPU box may
+    carry a stale `.git` (seen on the lent H100: it reported the session's first commit)."""
+    if os.environ.get("NSA_GIT_SHA"):
+        return os.environ["NSA_GIT_SHA"]
+
     def git(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                               timeout=30, check=False)
     try:
         head = git("rev-parse", "HEAD")
         if head.returncode != 0:
-            # A copied tree without .git (e.g. shipped to a GPU box): trust an explicit SHA if given.
-            return os.environ.get("NSA_GIT_SHA") or os.environ.get("GITHUB_SHA") or "unknown"
+            # A copied tree without .git (e.g. shipped to a GPU box).
+            return os.environ.get("GITHUB_SHA") or "unknown"
         status = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -10,8 +10,22 @@ def _git(root, *args):
     subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
 
 
-def test_git_sha_unknown_outside_a_repo(tmp_path):
+def test_git_sha_unknown_outside_a_repo(tmp_path, monkeypatch):
+    monkeypatch.delenv("NSA_GIT_SHA", raising=False)
+    monkeypatch.delenv("GITHUB_SHA", raising=False)
     assert machine.git_sha(tmp_path) == "unknown"
+
+
+def test_explicit_sha_wins_over_a_stale_git_dir(tmp_path, monkeypatch):
+    """A tree copied to a GPU box may carry an old .git; the SHA the caller exported is the truth."""
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "f.txt").write_text("a")
+    _git(tmp_path, "add", "f.txt")
+    _git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "x")
+    monkeypatch.setenv("NSA_GIT_SHA", "abc1234")
+    assert machine.git_sha(tmp_path) == "abc1234"
+    monkeypatch.delenv("NSA_GIT_SHA")
+    assert machine.git_sha(tmp_path) not in ("abc1234", "unknown")
 
 
 def test_git_sha_and_dirty(tmp_path):
