@@ -139,7 +139,11 @@ def _decode(args) -> int:
                                                                       q_start=s0),
         "sliding w=512 (sdpa)": lambda: ops.sliding_window_attention(q, kw, vw, window=512, backend="sdpa",
                                                                      q_start=s0, k_start=t - 512),
+        "sliding w=512 (triton window blocks)": lambda: triton_nsa.sliding_decode(q, kw, vw, t=s0,
+                                                                                  scale=128 ** -0.5),
         "gated sum (torch)": lambda: gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win,
+        "selected + gated sum (triton, split)": lambda: triton_nsa.selected_gated(
+            q, k, v, idx, sel_block=64, scale=128 ** -0.5, gates=gates, o_cmp=o_cmp, o_win=o_win, q_start=s0),
         "dense decode FA-2": dense(SDPBackend.FLASH_ATTENTION),
         "dense decode cuDNN": dense(SDPBackend.CUDNN_ATTENTION),
     }
