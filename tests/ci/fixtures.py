@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ruamel.yaml import YAML
 
 from bench import results
+from ci import config_edit
 
 TIGHT = 0.01  # +-1% uniform noise: the interval is far narrower than the margin's headroom
 NOISY = 0.5  # +-50%: the interval straddles any margin near the true speedup
@@ -157,3 +160,55 @@ def golden_document() -> dict[str, Any]:
             "throttle_reasons": []}
     dispatch = {"fa2_min_len_win": {"value": -1, "source": "profiles.sm90"}}
     return document(cases, method=METHOD, run_extra={"dispatch": dispatch}, nvml=nvml, gpu_memory_gib=79.1)
+
+
+# --- configs/base.yaml as it was before any threshold was adopted ---------------------------------
+# The threshold PR changes the live file's values; tests that assume "nothing adopted yet" build
+# that config from the live file instead, so a merged threshold PR never breaks its own CPU tests.
+
+REPO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "base.yaml"
+CONFIG_THRESHOLD_KEYS = ("fa2_min_len_win", "fa2_min_len_cmp", "triton_min_len_sel", "triton_min_len_cmp")
+
+
+def read_text(path: Path) -> str:
+    """The file's exact text (line endings kept)."""
+    with open(path, encoding="utf-8", newline="") as fh:
+        return fh.read()
+
+
+def pristine_config_text(text: str | None = None, source: str = "configs/base.yaml") -> str:
+    """``text`` (default: the live configs/base.yaml) with every threshold key under ``runtime`` and
+    every profile set to -1, edited by ci.config_edit: every comment, key order and other byte kept.
+
+    Profiles go through the public ``edit_thresholds`` (what the PR itself runs); ``runtime``, which
+    the PR never edits, through the same module's in-place value rewrite. The result is checked:
+    parsed, it is the input with only the threshold values set to -1, and no line is added or lost.
+    """
+    old = read_text(REPO_CONFIG) if text is None else text
+    safe = YAML(typ="safe", pure=True)
+    expected = safe.load(old)
+    new = old
+    for profile, block in (expected.get("profiles") or {}).items():
+        if isinstance(block, Mapping):
+            keys = {k: -1 for k in CONFIG_THRESHOLD_KEYS if k in block}
+            new = config_edit.edit_thresholds(new, profile, keys, source=source)
+            expected["profiles"][profile].update(keys)
+    runtime = config_edit._load(new, source).get("runtime")
+    if isinstance(runtime, Mapping):
+        todo = {k: -1 for k in CONFIG_THRESHOLD_KEYS if k in runtime and runtime[k] != -1}
+        if todo:
+            where = {k: (runtime.lc.data[k][2], runtime.lc.data[k][3]) for k in todo}
+            flow = bool(runtime.fa.flow_style())
+            new = config_edit._replace_tokens(new, where, flow, todo, "runtime", source)
+        expected["runtime"].update({k: -1 for k in CONFIG_THRESHOLD_KEYS if k in runtime})
+    assert safe.load(new) == expected, "only threshold values may change"
+    assert len(new.splitlines()) == len(old.splitlines()), "no line may be added or removed"
+    return new
+
+
+def write_pristine_config(path: Path) -> Path:
+    """Write :func:`pristine_config_text` of the live config to ``path`` (parents created); return it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        fh.write(pristine_config_text())
+    return path

@@ -14,17 +14,17 @@ from ci.__main__ import SUBCOMMANDS, main
 from tests.ci import fixtures as fx
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = REPO / "configs" / "base.yaml"
 
 
 def write_results(tmp_path: Path, cases: list, name: str = "results.json", sm: str = "sm90") -> Path:
     return results.dump(fx.document(cases, sm=sm), tmp_path / name)
 
 
-def test_decide_then_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_decide_then_report(tmp_path: Path, pristine_config: Path,
+                            capsys: pytest.CaptureFixture[str]) -> None:
     res = write_results(tmp_path, fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
     out = tmp_path / "out" / "decision.json"
-    assert main(["decide", "--results", str(res), "--config", str(CONFIG), "--out", str(out)]) == 0
+    assert main(["decide", "--results", str(res), "--config", str(pristine_config), "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("win sm90.fa2_min_len_win: -1 -> 2048: ")
     assert lines[1].startswith("cmp sm90.fa2_min_len_cmp: -1 (unchanged): keeping -1")
@@ -34,27 +34,30 @@ def test_decide_then_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert (tmp_path / "rep" / "report.md").is_file() and (tmp_path / "rep" / "speedup_win.png").is_file()
 
 
-def test_decide_exits_3_on_parity_failure_and_still_writes(tmp_path: Path,
+def test_decide_exits_3_on_parity_failure_and_still_writes(tmp_path: Path, pristine_config: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     res = write_results(tmp_path, fx.pair("sliding", fx.sliding_params(4096), 3.0, candidate_parity=False))
     out = tmp_path / "decision.json"
-    assert main(["decide", "--results", str(res), "--config", str(CONFIG), "--out", str(out)]) == 3
+    assert main(["decide", "--results", str(res), "--config", str(pristine_config), "--out", str(out)]) == 3
     assert "1 parity failure(s)" in capsys.readouterr().err
     assert json.loads(out.read_text(encoding="utf-8"))["exit_code"] == 3
 
 
-def test_margin_flag_overrides_config(tmp_path: Path) -> None:
+def test_margin_flag_overrides_config(tmp_path: Path, pristine_config: Path) -> None:
     res = write_results(tmp_path, fx.sweep("sliding", {4096: 1.5}))
     out = tmp_path / "d.json"
-    assert main(["decide", "--results", str(res), "--config", str(CONFIG), "--margin", "2", "--out", str(out)]) == 0
+    args = ["decide", "--results", str(res), "--config", str(pristine_config), "--out", str(out)]
+    assert main([*args, "--margin", "2"]) == 0
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["margin"] == 2.0 and doc["branches"]["win"]["proposed"] == -1
 
 
 @pytest.mark.parametrize("problem", ["missing", "mixed_sm", "bad_config", "bad_json"])
-def test_bad_input_exits_2_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str], problem: str) -> None:
+def test_bad_input_exits_2_with_a_message(tmp_path: Path, pristine_config: Path,
+                                          capsys: pytest.CaptureFixture[str], problem: str) -> None:
     res = write_results(tmp_path, fx.sweep("sliding", {1024: 2.0}))
-    args = ["decide", "--results", str(res), "--config", str(CONFIG), "--out", str(tmp_path / "d.json")]
+    args = ["decide", "--results", str(res), "--config", str(pristine_config), "--out",
+            str(tmp_path / "d.json")]
     expected = {"missing": "cannot read results file", "mixed_sm": "one GPU architecture",
                 "bad_config": "nsa.window must be set", "bad_json": "is not valid JSON"}[problem]
     if problem == "missing":
@@ -93,21 +96,24 @@ def test_ci_never_imports_torch() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
-def test_empty_margin_means_the_configs(tmp_path: Path) -> None:
+def test_empty_margin_means_the_configs(tmp_path: Path, pristine_config: Path) -> None:
     """An unset workflow input expands to "": decide then uses decide.margin from the config."""
     res = write_results(tmp_path, fx.sweep("sliding", {4096: 1.5}))
     out = tmp_path / "d.json"
-    assert main(["decide", "--results", str(res), "--config", str(CONFIG), "--margin", "", "--out", str(out)]) == 0
+    args = ["decide", "--results", str(res), "--config", str(pristine_config), "--out", str(out)]
+    assert main([*args, "--margin", ""]) == 0
     assert json.loads(out.read_text(encoding="utf-8"))["margin"] == 1.2
     with pytest.raises(SystemExit) as exc:
         main(["decide", "--results", str(res), "--margin", "fast"])
     assert exc.value.code == 2
 
 
-def test_report_appends_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_appends_the_summary(tmp_path: Path, pristine_config: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
     res = write_results(tmp_path, fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
     decision = tmp_path / "decision.json"
-    assert main(["decide", "--results", str(res), "--config", str(CONFIG), "--out", str(decision)]) == 0
+    config = str(pristine_config)
+    assert main(["decide", "--results", str(res), "--config", config, "--out", str(decision)]) == 0
     step_summary = tmp_path / "step_summary.md"
     step_summary.write_text("# earlier step\n", encoding="utf-8")
     args = ["report", "--decision", str(decision), "--out-dir", str(tmp_path / "rep")]

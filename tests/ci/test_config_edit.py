@@ -12,6 +12,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from ci.config_edit import ConfigEditError, apply_to_file, edit_thresholds, unified_diff
+from tests.ci import fixtures as fx
 
 GOLDEN = Path(__file__).parent / "golden"
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "base.yaml"
@@ -50,8 +51,24 @@ def test_golden(name: str, profile: str, changes: dict[str, int]) -> None:
 
 
 def test_golden_base_matches_repo_config() -> None:
-    """The golden input is the real config, so the golden test covers what the PR edits."""
-    assert _read(GOLDEN / "config_base.yaml") == _read(REPO_CONFIG)
+    """The golden input is the real config before any adoption, so the golden test covers what the PR
+    edits: byte for byte once the real file's thresholds are set back to -1 (formatting or comment
+    drift still fails; a merged threshold PR does not)."""
+    golden = _read(GOLDEN / "config_base.yaml")
+    assert fx.pristine_config_text(golden) == golden  # the golden holds no adopted threshold
+    assert golden == fx.pristine_config_text(_read(REPO_CONFIG))
+
+
+def test_pristine_config_changes_only_threshold_values() -> None:
+    """The normalisation above rewrites threshold values and nothing else, under runtime too."""
+    golden = _read(GOLDEN / "config_base.yaml")
+    adopted = edit_thresholds(golden, "sm90", {"fa2_min_len_win": 2048, "triton_min_len_cmp": 8192})
+    adopted = edit_thresholds(adopted, "sm80", {"fa2_min_len_cmp": 512})
+    adopted = adopted.replace("  triton_min_len_sel: -1   #", "  triton_min_len_sel: 4096 #", 1)  # runtime
+    assert len(_changed_lines(golden, adopted)) == 4
+    assert fx.pristine_config_text(adopted) == golden
+    drifted = golden.replace("# Hopper: H100, H200", "# Hopper", 1)
+    assert fx.pristine_config_text(edit_thresholds(drifted, "sm90", {"fa2_min_len_win": 2048})) == drifted
 
 
 def test_odd_layout_needs_the_fallback() -> None:

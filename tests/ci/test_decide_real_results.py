@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+from ci import decide
 from ci.__main__ import main
+from tests.ci import fixtures as fx
 
 ROOT = Path(__file__).resolve().parents[2]
+SWEEP = ROOT / "results/h200/nightly-fa2.json"
 
 
-def test_real_h200_sweep_proposes_sliding_2048_and_keeps_compressed_off(tmp_path):
-    out = tmp_path / "decision.json"
-    rc = main(["decide", "--results", str(ROOT / "results/h200/nightly-fa2.json"),
-               "--config", str(ROOT / "configs/base.yaml"), "--out", str(out)])
-    assert rc == 0
-    d = json.loads(out.read_text())
+def _decide(config: Path, out: Path) -> dict[str, Any]:
+    assert main(["decide", "--results", str(SWEEP), "--config", str(config), "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_real_h200_sweep_proposes_sliding_2048_and_keeps_compressed_off(tmp_path, pristine_config):
+    # Against the config before any adoption (every threshold -1), whatever the live file holds now.
+    d = _decide(pristine_config, tmp_path / "decision.json")
     assert d["profile"] == "sm90"
     win, cmp = d["branches"]["win"], d["branches"]["cmp"]
     # 1024 is rejected in two layouts; every length from 2048 up adopts in every layout.
@@ -29,3 +35,22 @@ def test_real_h200_sweep_proposes_sliding_2048_and_keeps_compressed_off(tmp_path
     assert d["triton"]["ran"] is False
     assert not d["failures"]
     assert d["noise_floor"]["worst_half_width"] < 0.03
+
+
+def test_real_h200_sweep_against_the_live_config_is_consistent(tmp_path, pristine_config):
+    """With whatever the live configs/base.yaml holds (e.g. after this sweep's PR was merged), decide
+    measures the same thresholds and proposes a change only where the live value differs from them."""
+    pristine = _decide(pristine_config, tmp_path / "pristine.json")
+    live = _decide(fx.REPO_CONFIG, tmp_path / "live.json")
+    conf = decide.load_config(fx.REPO_CONFIG)
+    assert live["profile"] == pristine["profile"] == "sm90" and not live["failures"]
+    for name, b in live["branches"].items():
+        current = conf.current("sm90", b["key"])[0]
+        assert b["current"] == current and b["measured"] == pristine["branches"][name]["measured"]
+        assert b["proposed"] == (current if b["measured"] is None else b["measured"])
+        assert b["changed"] == (b["proposed"] != current)
+    win = live["branches"]["win"]
+    if win["current"] == 2048:  # the live file already holds this sweep's proposal: nothing to propose
+        assert (win["proposed"], win["changed"]) == (2048, False)
+    else:
+        assert (win["proposed"], win["changed"]) == (2048, True)

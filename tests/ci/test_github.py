@@ -330,9 +330,10 @@ def test_missing_profile_on_base_is_an_input_error(run: Runner, fake: FakeGitHub
 
 @pytest.mark.parametrize("mode", ["no-token", "flag", "env"])
 def test_dry_run_sends_nothing(
-    run: Runner, fake: FakeGitHub, mode: str, monkeypatch: pytest.MonkeyPatch
+    run: Runner, fake: FakeGitHub, mode: str, monkeypatch: pytest.MonkeyPatch, pristine_config: Path
 ) -> None:
-    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # --config defaults to configs/base.yaml
+    # --config defaults to configs/base.yaml: run where that is the live file with thresholds at -1.
+    monkeypatch.chdir(pristine_config.parents[1])
     extra: tuple[str, ...] = ()
     if mode == "no-token":
         del run.env["GITHUB_TOKEN"]
@@ -355,9 +356,9 @@ def test_dry_run_sends_nothing(
 
 
 def test_dry_run_proposes_a_triton_key_and_changes_only_its_line(
-    run: Runner, fake: FakeGitHub, monkeypatch: pytest.MonkeyPatch
+    run: Runner, fake: FakeGitHub, monkeypatch: pytest.MonkeyPatch, pristine_config: Path
 ) -> None:
-    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    monkeypatch.chdir(pristine_config.parents[1])
     doc = decision(win=(-1, -1))
     doc["branches"]["triton_sel"] = {"key": "triton_min_len_sel", "current": -1, "proposed": 8192,
                                      "changed": True, "reason": "measured 8192"}

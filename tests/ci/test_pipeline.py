@@ -18,7 +18,7 @@ from ci.__main__ import main
 from tests.ci import fixtures as fx
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = str(REPO / "configs" / "base.yaml")
+CONFIG = str(REPO / "configs" / "base.yaml")  # the live file: only the CPU sweep, which proposes nothing
 
 
 @pytest.fixture(autouse=True)
@@ -32,11 +32,11 @@ def _results(tmp_path: Path, cases: list) -> str:
     return str(results.dump(fx.document(cases), tmp_path / "results.json"))
 
 
-def test_fixture_results_run_every_stage_and_dry_run_the_pr(tmp_path: Path,
+def test_fixture_results_run_every_stage_and_dry_run_the_pr(tmp_path: Path, pristine_config: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     res = _results(tmp_path, fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
     out = tmp_path / "out"
-    assert main(["pipeline", "--results", res, "--config", CONFIG, "--out-dir", str(out)]) == 0
+    assert main(["pipeline", "--results", res, "--config", str(pristine_config), "--out-dir", str(out)]) == 0
     text = capsys.readouterr().out
     assert json.loads((out / "decision.json").read_text())["branches"]["win"]["proposed"] == 2048
     assert (out / "report" / "report.md").is_file() and (out / "report" / "speedup_win.png").is_file()
@@ -48,19 +48,23 @@ def test_fixture_results_run_every_stage_and_dry_run_the_pr(tmp_path: Path,
     assert "outcome dry-run" in text and text.rstrip().endswith("outcome: ok")
 
 
-def test_dry_run_flag_wins_over_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dry_run_flag_wins_over_a_token(tmp_path: Path, pristine_config: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GITHUB_TOKEN", "not-a-real-token")
     res = _results(tmp_path, fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
     out = tmp_path / "out"
-    assert main(["pipeline", "--results", res, "--config", CONFIG, "--out-dir", str(out), "--dry-run"]) == 0
+    config = str(pristine_config)
+    assert main(["pipeline", "--results", res, "--config", config, "--out-dir", str(out), "--dry-run"]) == 0
     assert json.loads((out / "pr" / "pr.json").read_text())["reason"] == "--dry-run"
 
 
-def test_parity_failure_exits_3_reports_and_skips_the_pr(tmp_path: Path,
+def test_parity_failure_exits_3_reports_and_skips_the_pr(tmp_path: Path, pristine_config: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     res = _results(tmp_path, fx.pair("sliding", fx.sliding_params(4096), 3.0, candidate_parity=False))
     out = tmp_path / "out"
-    assert main(["pipeline", "--results", res, "--config", CONFIG, "--out-dir", str(out), "--margin", "1.5"]) == 3
+    config = str(pristine_config)
+    args = ["pipeline", "--results", res, "--config", config, "--out-dir", str(out)]
+    assert main([*args, "--margin", "1.5"]) == 3
     text = capsys.readouterr().out
     assert json.loads((out / "decision.json").read_text())["margin"] == 1.5
     assert (out / "report" / "report.md").is_file() and not (out / "pr").exists()
