@@ -4,6 +4,8 @@
 loads the queries of all heads of the group together (head tile padded to 16 for tl.dot),
 streams the selected blocks' keys/values and keeps an online softmax; tokens after t inside
 the current block are masked. Reads per program: `n * l'` keys and values of one KV head.
+`selected_gated` forms the module's gated sum in its epilogue; `sliding_decode` runs decode's
+window as a block list through the same kernel.
 
 `compressed_and_scores`: group-centric too: one program per (BTQ queries, KV group) holds every
 (query, head) row of the group, so each compressed key/value tile is loaded once for all heads.
@@ -15,7 +17,12 @@ materialising `[T, Tc]` in HBM. Writes `[B, T, Hkv, Nb]` fp32 scores.
 `topn`: one program per score row; the spec's forced blocks and tie rule by repeated arg-max,
 no sort.
 
-Both run under `TRITON_INTERPRET=1` on CPU (tests), and on CUDA.
+Decode (few rows) splits the work over more programs, flash-decoding style: the compressed keys
+over chunks (`_cmp_split`, stats pass then output/scores pass), each row's blocks for top-n
+(`_topn_part` + `_topn_merge`) and for selection (`_sel_fwd` splits + `_sel_combine`).
+Launch parameters live in `TILES` (swept by bench/triton_tiles.py).
+
+All run under `TRITON_INTERPRET=1` on CPU (tests), and on CUDA.
 """
 
 from __future__ import annotations
@@ -205,8 +212,8 @@ if triton is not None:
         heads, Eq. 10) -> group scores of selection blocks `jb + [0, NBW)`, `[BTQ, NBW]` fp32.
         w[i, j] = tokens shared by compressed token i `[i*D, i*D+L)` and block j
         `[j*SEL, (j+1)*SEL)`. MODE 0: broadcast-sum (BTQ < 16); 1: fp32 dot (BTQ, NBW >= 16).
-        Both full fp32: ranks must not move with rounding (a 3xTF32 tensor-core variant was 2x
-        slower on the H100 and not within 1e-5 there)."""
+        Both full fp32: ranks must not move with rounding (a 3xTF32 tensor-core variant was about
+        2x slower on the H100, bench/triton_tiles.py at 32k)."""
         offs_j = jb + tl.arange(0, NBW)
         lo = tl.maximum(offs_c[:, None] * D, offs_j[None, :] * SEL)
         hi = tl.minimum(offs_c[:, None] * D + L, (offs_j[None, :] + 1) * SEL)
