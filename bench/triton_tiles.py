@@ -7,7 +7,9 @@ query at t = T - 1 for B=8 sequences, the split kernel's chunking). Every varian
 checked against the default configuration's output before it is timed (same compressed output
 to bf16 rounding, same scores to 1e-5 relative, same selected output), so a faster variant
 that computes something else is reported as wrong, not as a win. Timing: bench.timing (CUDA
-events, interleaved repeats, L2 flushed). The defaults in TILES are set from this sweep's output.
+events, L2 flushed), one variant per measure() call, so variants are not interleaved with each
+other: read differences of a few percent as noise. TILES' tile/warp/stage and decode-split
+defaults come from this sweep; its top-n and selection split knobs were set by reasoning.
 """
 
 from __future__ import annotations

@@ -315,7 +315,7 @@ class NSAAttention(nn.Module):
         `cache.reads`; changes nothing else, so it can be replayed (CUDA graphs)."""
         t = cache.length - 1
         v_sel = cache.raw[self._kv_name("sel")][1].view()
-        if {"cmp", "sel"} & set(branches) and self._use_triton(q, v_sel, t + 1):
+        if branches and self._use_triton(q, v_sel, t + 1):
             return self._decode_attend_triton(q, gates, cache, branches, t)
         c = self.config
         reads = ReadCounts()
@@ -353,12 +353,14 @@ class NSAAttention(nn.Module):
 
         c = self.config
         reads = ReadCounts()
-        o_cmp, idx = self._cmp_topn_triton(q, cache.k_cmp, cache.v_cmp, branches, t)
-        o_win = None
+        o_cmp = idx = o_win = None
+        if {"cmp", "sel"} & set(branches):
+            o_cmp, idx = self._cmp_topn_triton(q, cache.k_cmp, cache.v_cmp, branches, t)
         if "win" in branches:
             kb, vb = cache.raw[self._kv_name("win")]
             k_w, v_w = kb.view(c.window), vb.view(c.window)
             o_win = triton_nsa.sliding_decode(q, k_w, v_w, t=t, scale=c.softmax_scale)
+            dispatch.record("sliding", t + 1, "triton", "decode window as a block list through the selection kernel")
             reads.win = k_w.shape[1]
         if o_cmp is not None:
             reads.cmp = cache.k_cmp.shape[1]

@@ -38,10 +38,17 @@ SPECS = (
 )
 
 
+def default_win_backend(q, kv: dict[str, tuple[Any, Any]]) -> str:
+    """FA-2 for the sliding branch where it can run (CUDA, fp16/bf16, dk == dv), else masked SDPA."""
+    import torch
+
+    fa2_ok = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == kv["win"][1].shape[-1]
+    return "fa2" if fa2_ok else "sdpa"
+
+
 def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any], win_backend: str | None = None):
     """NSA attention forward on the fast path -> `[B, T, Hq, Dv]` (projections excluded); the
     sliding branch on `win_backend` (default: FA-2 where it can run, else masked SDPA)."""
-    import torch
 
     from nsa import ops
     from nsa.backends import triton_nsa
@@ -51,8 +58,7 @@ def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any], win_
     o_cmp, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=p["block"], stride=p["stride"],
                                                      sel_block=p["sel_block"], scale=scale)
     idx = triton_nsa.topn(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])
-    fa2_ok = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == kv["win"][1].shape[-1]
-    win_backend = win_backend or ("fa2" if fa2_ok else "sdpa")
+    win_backend = win_backend or default_win_backend(q, kv)
     o_win = ops.sliding_window_attention(q, *kv["win"], window=p["window"], backend=win_backend)
     # The selection kernel's epilogue forms the gated sum.
     return triton_nsa.selected_gated(q, *kv["sel"], idx, sel_block=p["sel_block"], scale=scale, gates=gates,
@@ -91,7 +97,7 @@ def build(cell: Cell, device) -> Workload:
                     continue
             fn = lambda win=win: nsa_triton(q, kv, gates, p, win)  # noqa: E731
             work.extra[v.key] = {"branch_backends": {"cmp": "triton", "sel": "triton",
-                                                     "win": win or ("fa2" if device.type == "cuda" else "sdpa")}}
+                                                     "win": win or default_win_backend(q, kv)}}
         else:
             kc, _ = ops.compress_kv(*kv["cmp"], block=p["block"], stride=p["stride"])
             idx = ops.select_blocks(q, kc, block=p["block"], stride=p["stride"], sel_block=p["sel_block"],

@@ -103,7 +103,7 @@ if triton is not None:
         t = tl.program_id(0)
         bh = tl.program_id(1)
         part = tl.program_id(2)
-        b = bh // HKV
+        b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
         h = bh % HKV
         t_abs = q_start + t
         offs_g = tl.arange(0, BG)
@@ -166,7 +166,7 @@ if triton is not None:
         (then the gated sum, with GATED)."""
         t = tl.program_id(0)
         bh = tl.program_id(1)
-        b = bh // HKV
+        b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
         h = bh % HKV
         offs_g = tl.arange(0, BG)
         offs_dv = tl.arange(0, BDV)
@@ -240,7 +240,7 @@ if triton is not None:
         n_tiles = tl.cdiv(T, BTQ)
         pid_t = n_tiles - 1 - tl.program_id(0)        # heaviest (latest) tiles first
         bh = tl.program_id(1)
-        b = bh // HKV
+        b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
         h = bh % HKV
         rows = tl.arange(0, M)
         offs_t = pid_t * BTQ + rows // GP
@@ -326,7 +326,7 @@ if triton is not None:
         M: tl.constexpr = BTQ * GP
         s = tl.program_id(0)
         bh = tl.program_id(1)
-        b = bh // HKV
+        b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
         h = bh % HKV
         rows = tl.arange(0, M)
         offs_t = rows // GP
@@ -346,7 +346,6 @@ if triton is not None:
             l_i = tl.zeros([M], tl.float32)
             for i in range(0, CH, BC):
                 qk = _cmp_logits(q, KC, kc_base, skt, c_lo + i, nvis, Tc, scale, BC, BDK, DK, IEEE)
-                qk = tl.where((c_lo + i + tl.arange(0, BC))[None, :] >= c_lo, qk, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(qk, 1))
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
                 l_i = l_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(qk - m_safe[:, None]), 1)
@@ -391,15 +390,14 @@ if triton is not None:
                          + tl.arange(0, SHIFT)[None, :], carry)
 
     @triton.jit
-    def _topn_part(S, CS, CI, ssb, sst, ssh, NB, q_start,
-                   HKV: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, CHK: tl.constexpr, NP: tl.constexpr,
-                   BN: tl.constexpr):
+    def _topn_part(S, CS, CI, ssb, sst, ssh, NB, q_start, NP,
+                   HKV: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, CHK: tl.constexpr, BN: tl.constexpr):
         """Stage 1 of the few-rows top-n (decode): the top `N` of one chunk of `CHK` blocks of a row,
         under the same forced/candidate rules, as (score, index) candidates; empty slots -inf."""
         t = tl.program_id(0)
         bh = tl.program_id(1)
         part = tl.program_id(2)
-        b = bh // HKV
+        b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
         h = bh % HKV
         cur = (q_start + t) // SEL
         j = part * CHK + tl.arange(0, CHK)
@@ -426,13 +424,13 @@ if triton is not None:
         tl.store(CI + out + offs_n, tl.full([BN], -1, tl.int32), mask=empty)
 
     @triton.jit
-    def _topn_merge(CS, CI, IDX, sib, sit, sih,
-                    HKV: tl.constexpr, N: tl.constexpr, NC: tl.constexpr, BC: tl.constexpr, BN: tl.constexpr):
+    def _topn_merge(CS, CI, IDX, sib, sit, sih, NC,
+                    HKV: tl.constexpr, N: tl.constexpr, BC: tl.constexpr, BN: tl.constexpr):
         """Stage 2: the top `N` of a row's `NC` candidates (highest score, ties to the lower block
         index), written ascending with -1 padding, like `_topn`."""
         t = tl.program_id(0)
         bh = tl.program_id(1)
-        b = bh // HKV
+        b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
         h = bh % HKV
         c = tl.arange(0, BC)
         base = (t * tl.num_programs(1) + bh) * NC
@@ -446,9 +444,9 @@ if triton is not None:
             pick = (j == first) & (s > float("-inf"))
             chosen = chosen | pick
             s = tl.where(pick, float("-inf"), s)
-        # Slot of a chosen block: the number of chosen blocks with a lower index.
-        lower = (j[None, :] < j[:, None]) & chosen[None, :]
-        slot = tl.sum(lower.to(tl.int32), 1)
+        # Candidates arrive in ascending block order (each chunk stores its picks in order, chunks
+        # in order, empty slots are never chosen), so a running count is each pick's output slot.
+        slot = tl.cumsum(chosen.to(tl.int32), 0) - 1
         out = IDX + b * sib + t * sit + h * sih
         tl.store(out + slot, j, mask=chosen)
         count = tl.sum(chosen.to(tl.int32), 0)
@@ -462,7 +460,7 @@ if triton is not None:
         chunk's own stores are done; chunks' spill ranges do not overlap)."""
         s = tl.program_id(0)
         bh = tl.program_id(1)
-        b = bh // HKV
+        b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
         h = bh % HKV
         t = tl.arange(0, BTQ)
         k = tl.arange(0, SHIFT)
@@ -479,7 +477,7 @@ if triton is not None:
         highest scores among candidates `j <= t // SEL`, ties to the lower index; ascending, -1 pad."""
         t = tl.program_id(0)
         bh = tl.program_id(1)
-        b = bh // HKV
+        b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
         h = bh % HKV
         cur = (q_start + t) // SEL
         j = tl.arange(0, BNB)
@@ -533,7 +531,7 @@ def _selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, s
     group = hq // hkv
     n_sel = idx.shape[-1]
     # Few rows (decode): split each row's blocks over programs, then combine (flash-decoding).
-    split = TILES["sel_split"] if tq * b * hkv < TILES["sel_split_rows"] else 1
+    split = TILES["sel_split"] if tq <= 4 and tq * b * hkv < TILES["sel_split_rows"] else 1
     split = max(1, min(split, n_sel))
     per = triton.cdiv(n_sel, split)
     part = (torch.empty(tq * b * hkv * split * _np2(group) * (_np2(dv) + 2), dtype=torch.float32, device=q.device)
@@ -563,16 +561,24 @@ def sliding_decode(q: Tensor, k_w: Tensor, v_w: Tensor, *, t: int, scale: float,
     and the kernel's own mask keeps exactly those positions."""
     if q.shape[1] != 1:
         raise ValueError(f"sliding_decode takes one query per sequence, got {q.shape[1]}; use the sliding op")
+    if not (_pow2(block) and block >= 16):
+        raise ValueError(f"sliding_decode needs block a power of two >= 16, got {block}; use 64")
     n = k_w.shape[1]
     k_start = t + 1 - n
     first, last = k_start // block, t // block
     b, hkv = q.shape[0], k_w.shape[2]
-    idx = torch.arange(first, last + 1, device=q.device, dtype=torch.int32).expand(b, q.shape[1], hkv, -1)
+    # A fixed list length (-1 padded) for every t, so the kernel never recompiles as decode moves.
+    width = (n + block - 1) // block + 1
+    blocks = torch.arange(first, first + width, device=q.device, dtype=torch.int32)
+    blocks = torch.where(blocks <= last, blocks, torch.full_like(blocks, -1))
+    idx = blocks.expand(b, q.shape[1], hkv, -1)
     return _selected(q, k_w, v_w, idx, sel_block=block, scale=scale, q_start=t, k_start=k_start)
 
 
-# Launch parameters; the defaults are what bench/triton_tiles.py measured best on the H100 (it
-# sweeps them by editing this dict). Under the interpreter smaller tiles keep CPU tests quick.
+# Launch parameters. The cmp/sel tile, warp and stage defaults and the decode split are what
+# bench/triton_tiles.py measured best on the H100 (it sweeps them by editing this dict); the
+# top-n and selection split knobs were set by reasoning, not swept. Under the interpreter
+# smaller tiles keep CPU tests quick.
 TILES: dict[str, Any] = {
     "cmp_rows": 64,         # (query, head) rows per compressed-kernel program: 4 queries x 16 heads
     "cmp_bc": 32,           # compressed keys per tile
@@ -678,8 +684,9 @@ def _compressed_split(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Ten
                 SHIFT=shift, IEEE=q.dtype == torch.float32, **_launch("split"))
     _cmp_split[(n_split, bh)](*args, PASS=1, **meta)
     _cmp_split[(n_split, bh)](*args, PASS=2, **meta)
-    if scores and n_split > 1:
-        _add_spill[(n_split - 1, bh)](s, spill, s.stride(0), s.stride(1), s.stride(2), tq, s.shape[-1], HKV=hkv,
+    if scores:
+        # Every chunk's spill, the last one's too (its blocks may still be < Nb; the mask drops the rest).
+        _add_spill[(n_split, bh)](s, spill, s.stride(0), s.stride(1), s.stride(2), tq, s.shape[-1], HKV=hkv,
                                       BTQ=btq, SHIFT=shift, CHB=chunk * stride // sel_block)
     out = pacc.sum(0).view(b, hkv, btq, gp, bdv)[:, :, :tq, :hq // hkv, :dv]
     o.copy_(out.permute(0, 2, 1, 3, 4).reshape(b, tq, hq, dv))
@@ -702,10 +709,10 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int) -> Ten
         cs = torch.empty(tq, b * hkv, parts, sel_count, dtype=torch.float32, device=scores.device)
         ci = torch.empty(tq, b * hkv, parts, sel_count, dtype=torch.int32, device=scores.device)
         _topn_part[(tq, b * hkv, parts)](scores, cs, ci, scores.stride(0), scores.stride(1), scores.stride(2), nb,
-                                         q_start, HKV=hkv, SEL=sel_block, N=sel_count, CHK=chk, NP=parts, BN=bn,
+                                         q_start, parts, HKV=hkv, SEL=sel_block, N=sel_count, CHK=chk, BN=bn,
                                          num_warps=1)
-        _topn_merge[(tq, b * hkv)](cs, ci, idx, idx.stride(0), idx.stride(1), idx.stride(2), HKV=hkv, N=sel_count,
-                                   NC=parts * sel_count, BC=_np2(parts * sel_count, 16), BN=bn, num_warps=4)
+        _topn_merge[(tq, b * hkv)](cs, ci, idx, idx.stride(0), idx.stride(1), idx.stride(2), parts * sel_count,
+                                   HKV=hkv, N=sel_count, BC=_np2(parts * sel_count, 16), BN=bn, num_warps=4)
         return idx
     bnb = _np2(nb, 16)
     _topn[(tq, b * hkv)](scores, idx, scores.stride(0), scores.stride(1), scores.stride(2), idx.stride(0),

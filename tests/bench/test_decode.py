@@ -209,9 +209,11 @@ def test_triton_module_backend_reads_match_the_spec(monkeypatch):
         [c["reason"] for c in by.values()]
     assert by["all"]["reads"]["total"] == 71 and by["all"]["params"]["nsa_backend"] == "triton"
     assert by["attend:all"]["reads"] == by["all"]["reads"]
+    # The window runs as a block list through the selection kernel (recorded as a sliding choice).
     assert by["all"]["branch_backends"] == by["attend:all"]["branch_backends"] == \
-        {"cmp": "triton", "sel": "triton", "win": "sdpa"}
-    assert by["cmp"]["backend"] == "triton" and by["all"]["id"].split("/")[2] == "cmp:triton+sel:triton+win:sdpa"
+        {"cmp": "triton", "sel": "triton", "win": "triton"}
+    assert by["cmp"]["backend"] == "triton" and by["all"]["id"].split("/")[2] == "triton"
+    assert by["win"]["backend"] == "triton", "the window-only variant runs the same window kernel as the step"
 
 
 def test_an_unknown_module_backend_fails_the_cell_with_the_fix():

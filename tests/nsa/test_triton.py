@@ -150,7 +150,7 @@ def test_triton_topn_matches_select_topn(q_start, two_stage, seed, monkeypatch):
 def test_triton_split_decode_matches_prefill_rows(shape, seed, monkeypatch):
     """Decode splits the compressed keys over chunks (flash-decoding) when the queries fit one
     tile: same output as the oracle and the same score rows as the one-tile kernel (chunks of
-    16 compressed keys here, so 2-3 chunks with a spill between them). GQA 1 pads its tile to 16
+    16 compressed keys here, so 2-3 chunks with a spill after each). GQA 1 pads its tile to 16
     queries, whose fp32-dot block map has no carry, so it keeps the one-tile kernel."""
     b, _, hq, hkv, dk, dv = shape
     t = 150
@@ -163,7 +163,9 @@ def test_triton_split_decode_matches_prefill_rows(shape, seed, monkeypatch):
     calls = []
     real = triton_nsa._compressed_split
     monkeypatch.setattr(triton_nsa, "_compressed_split", lambda *a, **kw: calls.append(kw["n_split"]) or real(*a, **kw))
-    for start in (t - 1, 70):
+    # 149: 36 visible compressed keys, 3 chunks; 132: 32, exactly 2 chunks, so the last chunk's
+    # spill lands in a block < Nb and must be added; 70: 16, one chunk (the one-tile kernel).
+    for start in (t - 1, 132, 70):
         o1, s1 = triton_nsa.compressed_and_scores(q[:, start:start + 1], kc, vc, block=8, stride=4, sel_block=16,
                                                   scale=scale, q_start=start)
         assert rel_err(o1, ref[:, start:start + 1]) < 1e-5
