@@ -390,6 +390,36 @@ if triton is not None:
                          + tl.arange(0, SHIFT)[None, :], carry)
 
     @triton.jit
+    def _row_scores(row, j, NB, cur):
+        """Scores of blocks `j` of one row under the spec's rules: forced blocks (0, current `cur`,
+        previous) +inf, non-candidates (`j > cur`, or past the row) -inf."""
+        s = tl.load(row + j, mask=j < NB, other=0.0)
+        s = tl.where((j == 0) | (j == cur) | (j == cur - 1), float("inf"), s)
+        return tl.where(j <= cur, s, float("-inf"))
+
+    @triton.jit
+    def _take_top(s, j, N: tl.constexpr):
+        """`N` rounds of: take the highest score, ties to the lowest block index `j`; never a -inf
+        score. Returns the mask of taken entries (the spec's top-n rule, no sort)."""
+        chosen = tl.zeros_like(j) != 0
+        for _ in range(N):
+            best = tl.max(s, 0)
+            first = tl.min(tl.where(s == best, j, 2147483647), 0)
+            pick = (j == first) & (s > float("-inf"))
+            chosen = chosen | pick
+            s = tl.where(pick, float("-inf"), s)
+        return chosen
+
+    @triton.jit
+    def _write_blocks(out, j, chosen, N: tl.constexpr, BN: tl.constexpr):
+        """Store the taken block indices (given in ascending order) to `out[0:N]`, then -1."""
+        slot = tl.cumsum(chosen.to(tl.int32), 0) - 1
+        tl.store(out + slot, j, mask=chosen)
+        count = tl.sum(chosen.to(tl.int32), 0)
+        offs_n = tl.arange(0, BN)
+        tl.store(out + offs_n, tl.full([BN], -1, tl.int32), mask=(offs_n >= count) & (offs_n < N))
+
+    @triton.jit
     def _topn_part(S, CS, CI, ssb, sst, ssh, NB, q_start, NP,
                    HKV: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, CHK: tl.constexpr, BN: tl.constexpr):
         """Stage 1 of the few-rows top-n (decode): the top `N` of one chunk of `CHK` blocks of a row,
@@ -401,21 +431,11 @@ if triton is not None:
         h = bh % HKV
         cur = (q_start + t) // SEL
         j = part * CHK + tl.arange(0, CHK)
-        s = tl.load(S + b * ssb + t * sst + h * ssh + j, mask=j < NB, other=0.0)
-        s = tl.where((j == 0) | (j == cur) | (j == cur - 1), float("inf"), s)
-        s = tl.where(j <= cur, s, float("-inf"))
-        chosen = j < 0
-        for _ in range(N):
-            best = tl.max(s, 0)
-            first = tl.min(tl.where(s == best, j, NB + CHK), 0)
-            pick = (j == first) & (s > float("-inf"))
-            chosen = chosen | pick
-            s = tl.where(pick, float("-inf"), s)
+        s = _row_scores(S + b * ssb + t * sst + h * ssh, j, NB, cur)
+        chosen = _take_top(s, j, N)
         slot = tl.cumsum(chosen.to(tl.int32), 0) - 1
         out = ((t * tl.num_programs(1) + bh) * NP + part) * N
-        score = tl.load(S + b * ssb + t * sst + h * ssh + j, mask=j < NB, other=0.0)
-        score = tl.where((j == 0) | (j == cur) | (j == cur - 1), float("inf"), score)
-        tl.store(CS + out + slot, score, mask=chosen)
+        tl.store(CS + out + slot, s, mask=chosen)
         tl.store(CI + out + slot, j, mask=chosen)
         count = tl.sum(chosen.to(tl.int32), 0)
         offs_n = tl.arange(0, BN)
@@ -436,22 +456,9 @@ if triton is not None:
         base = (t * tl.num_programs(1) + bh) * NC
         s = tl.load(CS + base + c, mask=c < NC, other=float("-inf"))
         j = tl.load(CI + base + c, mask=c < NC, other=-1)
-        big = 2147483647
-        chosen = c < 0
-        for _ in range(N):
-            best = tl.max(s, 0)
-            first = tl.min(tl.where((s == best) & (j >= 0), j, big), 0)
-            pick = (j == first) & (s > float("-inf"))
-            chosen = chosen | pick
-            s = tl.where(pick, float("-inf"), s)
         # Candidates arrive in ascending block order (each chunk stores its picks in order, chunks
-        # in order, empty slots are never chosen), so a running count is each pick's output slot.
-        slot = tl.cumsum(chosen.to(tl.int32), 0) - 1
-        out = IDX + b * sib + t * sit + h * sih
-        tl.store(out + slot, j, mask=chosen)
-        count = tl.sum(chosen.to(tl.int32), 0)
-        offs_n = tl.arange(0, BN)
-        tl.store(out + offs_n, tl.full([BN], -1, tl.int32), mask=(offs_n >= count) & (offs_n < N))
+        # in order; empty slots hold -inf and are never taken), as _write_blocks needs.
+        _write_blocks(IDX + b * sib + t * sit + h * sih, j, _take_top(s, j, N), N, BN)
 
     @triton.jit
     def _add_spill(S, SPILL, ssb, sst, ssh, T, NB,
@@ -481,23 +488,8 @@ if triton is not None:
         h = bh % HKV
         cur = (q_start + t) // SEL
         j = tl.arange(0, BNB)
-        s = tl.load(S + b * ssb + t * sst + h * ssh + j, mask=j < NB, other=0.0)
-        forced = (j == 0) | (j == cur) | (j == cur - 1)
-        s = tl.where(forced, float("inf"), s)
-        s = tl.where(j <= cur, s, float("-inf"))
-        chosen = j < 0
-        for _ in range(N):
-            best = tl.max(s, 0)
-            first = tl.min(tl.where(s == best, j, BNB), 0)
-            pick = (j == first) & (s > float("-inf"))
-            chosen = chosen | pick
-            s = tl.where(pick, float("-inf"), s)
-        slot = tl.cumsum(chosen.to(tl.int32), 0) - 1
-        base = IDX + b * sib + t * sit + h * sih
-        tl.store(base + slot, j, mask=chosen)
-        count = tl.sum(chosen.to(tl.int32), 0)
-        offs_n = tl.arange(0, BN)
-        tl.store(base + offs_n, tl.full([BN], -1, tl.int32), mask=(offs_n >= count) & (offs_n < N))
+        s = _row_scores(S + b * ssb + t * sst + h * ssh, j, NB, cur)
+        _write_blocks(IDX + b * sib + t * sit + h * sih, j, _take_top(s, j, N), N, BN)
 
 
 def selected(call: AttnCall) -> Tensor:
