@@ -223,6 +223,39 @@ if triton is not None:
         return tl.sum(ps[:, :, None] * w[None, :, :], 1)
 
     @triton.jit
+    def _pv_tile(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, scale, m_safe, inv_l, acc,
+                 BC: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, DV: tl.constexpr,
+                 IEEE: tl.constexpr):
+        """Second-pass work of one compressed tile `[c0, c0 + BC)` with the final softmax stats:
+        the exact probabilities `p` (0 where invisible) and `acc + p @ Vc`. Returns (acc, p, offs_c)."""
+        qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE)
+        p = tl.exp(qk - m_safe[:, None]) * inv_l[:, None]
+        offs_c = c0 + tl.arange(0, BC)
+        offs_dv = tl.arange(0, BDV)
+        vc = tl.load(VC + vc_base + offs_c[:, None] * svt + offs_dv[None, :],
+                     mask=(offs_c[:, None] < Tc) & (offs_dv[None, :] < DV), other=0.0)
+        if IEEE:
+            acc += tl.dot(p, vc.to(tl.float32), input_precision="ieee")
+        else:
+            acc += tl.dot(p.to(vc.dtype), vc)
+        return acc, p, offs_c
+
+    @triton.jit
+    def _carried_scores(p, offs_c, c0, carry, s_rows, t_ok, NB, BTQ: tl.constexpr, GP: tl.constexpr,
+                        BC: tl.constexpr, SHIFT: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
+                        SEL: tl.constexpr, MODE: tl.constexpr):
+        """Scores of one tile when tiles end on block edges: blocks `[jb, jb + SHIFT)` are complete
+        after it (the next tile starts at block jb + SHIFT) and are stored to `s_rows` (pointers of
+        the tile's score rows, `[BTQ, 1]`); the spill into the next SHIFT blocks is returned as the
+        new carry."""
+        jb = (c0 * D) // SEL
+        ps = tl.sum(tl.reshape(p, [BTQ, GP, BC]), 1)                      # Eq. 10: over heads
+        own = carry + _group_scores(ps, offs_c, jb, SHIFT, L, D, SEL, MODE)
+        offs_j = jb + tl.arange(0, SHIFT)
+        tl.store(s_rows + offs_j[None, :], own, mask=t_ok & (offs_j[None, :] < NB))
+        return _group_scores(ps, offs_c, jb + SHIFT, SHIFT, L, D, SEL, MODE)
+
+    @triton.jit
     def _cmp_group(Q, KC, VC, Out, S,
                    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, ssb, sst, ssh,
                    T, Tc, NB, q_start, scale,
@@ -272,29 +305,18 @@ if triton is not None:
         acc = tl.zeros([M, BDV], tl.float32)
         t_first = pid_t * BTQ + tl.arange(0, BTQ)
         carry = tl.zeros([BTQ, SHIFT if SHIFT > 0 else 1], tl.float32)
+        s_rows = S + b * ssb + t_first[:, None] * sst + h * ssh
         for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
-            qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE)
-            p = tl.exp(qk - m_safe[:, None]) * inv_l[:, None]          # exact p_cmp, 0 where invisible
-            offs_c = c0 + tl.arange(0, BC)
-            vc = tl.load(VC + b * svb + offs_c[:, None] * svt + h * svh + offs_dv[None, :],
-                         mask=(offs_c[:, None] < Tc) & (offs_dv[None, :] < DV), other=0.0)
-            if IEEE:
-                acc += tl.dot(p, vc.to(tl.float32), input_precision="ieee")
-            else:
-                acc += tl.dot(p.to(vc.dtype), vc)
+            acc, p, offs_c = _pv_tile(q, KC, VC, kc_base, b * svb + h * svh, skt, svt, c0, nvis, Tc, scale, m_safe,
+                                      inv_l, acc, BC, BDK, DK, BDV, DV, IEEE)
             if SCORES:
-                jb = (c0 * D) // SEL
-                ps = tl.sum(tl.reshape(p, [BTQ, GP, BC]), 1)                  # Eq. 10: over heads
                 if SHIFT > 0:
-                    # Blocks [jb, jb + SHIFT) are complete after this tile (the next one starts at
-                    # block jb + SHIFT); its spill into the next SHIFT blocks is carried in registers.
-                    own = carry + _group_scores(ps, offs_c, jb, SHIFT, L, D, SEL, SCORE_MODE)
-                    carry = _group_scores(ps, offs_c, jb + SHIFT, SHIFT, L, D, SEL, SCORE_MODE)
-                    offs_j = jb + tl.arange(0, SHIFT)
-                    tl.store(S + b * ssb + t_first[:, None] * sst + h * ssh + offs_j[None, :], own,
-                             mask=(t_first[:, None] < T) & (offs_j[None, :] < NB))
+                    carry = _carried_scores(p, offs_c, c0, carry, s_rows, t_first[:, None] < T, NB, BTQ, GP, BC,
+                                            SHIFT, L, D, SEL, SCORE_MODE)
                 else:
                     # General sizes: read-modify-write of the tile's blocks (they overlap the next tile's).
+                    jb = (c0 * D) // SEL
+                    ps = tl.sum(tl.reshape(p, [BTQ, GP, BC]), 1)              # Eq. 10: over heads
                     tot = _group_scores(ps, offs_c, jb, BNB, L, D, SEL, SCORE_MODE)
                     offs_j = jb + tl.arange(0, BNB)
                     ptr = S + b * ssb + t_first[:, None] * sst + h * ssh + offs_j[None, :]
@@ -365,25 +387,13 @@ if triton is not None:
             acc = tl.zeros([M, BDV], tl.float32)
             t_first = tl.arange(0, BTQ)
             carry = tl.zeros([BTQ, SHIFT], tl.float32)
+            s_rows = S + b * ssb + t_first[:, None] * sst + h * ssh
             for i in range(0, CH, BC):
-                c0 = c_lo + i
-                qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE)
-                p = tl.exp(qk - m_safe[:, None]) * inv_l[:, None]
-                offs_c = c0 + tl.arange(0, BC)
-                vc = tl.load(VC + b * svb + offs_c[:, None] * svt + h * svh + offs_dv[None, :],
-                             mask=(offs_c[:, None] < Tc) & (offs_dv[None, :] < DV), other=0.0)
-                if IEEE:
-                    acc += tl.dot(p, vc.to(tl.float32), input_precision="ieee")
-                else:
-                    acc += tl.dot(p.to(vc.dtype), vc)
+                acc, p, offs_c = _pv_tile(q, KC, VC, kc_base, b * svb + h * svh, skt, svt, c_lo + i, nvis, Tc, scale,
+                                          m_safe, inv_l, acc, BC, BDK, DK, BDV, DV, IEEE)
                 if SCORES:
-                    jb = (c0 * D) // SEL
-                    ps = tl.sum(tl.reshape(p, [BTQ, GP, BC]), 1)
-                    own = carry + _group_scores(ps, offs_c, jb, SHIFT, L, D, SEL, SCORE_MODE)
-                    carry = _group_scores(ps, offs_c, jb + SHIFT, SHIFT, L, D, SEL, SCORE_MODE)
-                    offs_j = jb + tl.arange(0, SHIFT)
-                    tl.store(S + b * ssb + t_first[:, None] * sst + h * ssh + offs_j[None, :], own,
-                             mask=(t_first[:, None] < T) & (offs_j[None, :] < NB))
+                    carry = _carried_scores(p, offs_c, c_lo + i, carry, s_rows, t_first[:, None] < T, NB, BTQ, GP,
+                                            BC, SHIFT, L, D, SEL, SCORE_MODE)
             tl.store(PACC + ((s * tl.num_programs(1) + bh) * M + rows[:, None]) * BDV + offs_dv[None, :], acc)
             if SCORES:
                 tl.store(SPILL + ((s * tl.num_programs(1) + bh) * BTQ + t_first[:, None]) * SHIFT
