@@ -1,28 +1,21 @@
-"""`backend="auto"`: pick the backend of each branch call from the thresholds in configs/base.yaml.
+"""`backend="auto"`: one plan per call, from the decision keys (nsa.keys) and the config (nsa.settings).
 
-Thresholds are sequence lengths (tokens so far: T in a prefill, t + 1 in a decode step; see
-`AttnCall.seq_len`). Each op has candidate backends in priority order (`CANDIDATES`), each with
-its own threshold key; a candidate runs when the length is >= its threshold and it can run the
-call, else the next one is tried, else `sdpa` (masked SDPA). -1 disables a candidate.
+A threshold is a sequence length (tokens so far: T in a prefill, t + 1 in a decode step). For each
+branch, the keys of `nsa.keys.for_branch` are tried in priority order: a key's backend runs the
+branch when the length is >= its threshold for this GPU profile and this call's shape class, and
+the backend can run the call (`backends.unsupported_reason`); a branch with none runs masked SDPA
+(`sdpa`, which never builds a T x T mask at long T). CPU tensors always use `sdpa`.
 
-    op           candidates (priority order)
-    compressed   triton (triton_min_len_cmp), then FA-2 (fa2_min_len_cmp)
-    sliding      FA-2 (fa2_min_len_win)
-    selected     triton (triton_min_len_sel)
-
-The profile `profiles.sm<major><minor>` of the current CUDA device overrides `runtime`; CPU
-tensors always use `sdpa`.
-
-Overrides for experiments (each logged and reported by `describe()`, which results files embed):
-    NSA_CONFIG=path            read thresholds from another YAML file
-    NSA_PROFILE=sm90           use that profile instead of the device's
-    NSA_USE_FA2=0|1            0: FA-2 off for every branch; 1: thresholds as configured (default)
-    NSA_FA2_FORCE=1            FA-2 for every length; an FA-2 that cannot run then raises
-    NSA_FA2_MIN_LEN_WIN=N, NSA_FA2_MIN_LEN_CMP=N   replace one FA-2 threshold
-    NSA_USE_TRITON=0|1         0: the own Triton kernels off for every branch; 1: as configured
-    NSA_TRITON_MIN_LEN_SEL=N, NSA_TRITON_MIN_LEN_CMP=N   replace one Triton threshold
+The value for (profile, class) comes from `profiles.sm<major><minor>`, else `runtime`, else -1
+(nsa.settings). Overrides for experiments, each logged and written into every results file by
+`describe()`:
+    NSA_CONFIG=path                 read another config file
+    NSA_PROFILE=sm90                use that profile instead of the device's
+    NSA_<KEY>=N                     replace one key for every class (e.g. NSA_FA2_MIN_LEN_WIN=4096)
+    NSA_USE_<FAMILY>=0|1            0: every key of that family off (NSA_USE_FA2, NSA_USE_TRITON)
+    NSA_FA2_FORCE=1                 FA-2 keys at 0; an FA-2 that cannot run then raises
 `set_overrides(...)` does the same from code or a CLI flag (`python -m bench run --fa2 off|force`,
-`--triton off`).
+`--triton off`, `--<key> N`).
 """
 
 from __future__ import annotations
@@ -32,44 +25,20 @@ import contextvars
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import yaml
 
-from nsa import backends
+from nsa import backends, keys, settings
 from nsa.backends import AttnCall, BackendError
 
 log = logging.getLogger("nsa.dispatch")
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "base.yaml"
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One backend `auto` may pick for an op: `backend` (an alias such as `fa2` resolves per
-    device) from the sequence length in threshold `key` up; `family` names its switches."""
-
-    backend: str
-    key: str
-    family: str  # "fa2" or "triton": NSA_USE_<FAMILY>, use_<family>, and the label in `why`
-
-
-FA2, TRITON = "fa2", "triton"
-CANDIDATES: dict[str, tuple[Candidate, ...]] = {
-    "compressed": (Candidate("triton", "triton_min_len_cmp", TRITON), Candidate("fa2", "fa2_min_len_cmp", FA2)),
-    "sliding": (Candidate("fa2", "fa2_min_len_win", FA2),),
-    "selected": (Candidate("triton", "triton_min_len_sel", TRITON),),
-}
-# Every threshold key, FA-2's first (the order of `Thresholds`, results files and reports).
-THRESHOLD_KEYS: tuple[str, ...] = ("fa2_min_len_win", "fa2_min_len_cmp", "triton_min_len_sel", "triton_min_len_cmp")
-FAMILY_OF = {c.key: c.family for cands in CANDIDATES.values() for c in cands}
-LABELS = {FA2: "FA-2", TRITON: "Triton"}
-_ENV_KEYS = ("NSA_CONFIG", "NSA_USE_FA2", "NSA_FA2_FORCE", "NSA_USE_TRITON",
-             *(f"NSA_{k.upper()}" for k in THRESHOLD_KEYS))
-_OVERRIDES = ("use_fa2", "force_fa2", "use_triton", *THRESHOLD_KEYS, "profile", "config")
+THRESHOLD_KEYS: tuple[str, ...] = keys.names()
+FORCEABLE = ("fa2",)
+_OVERRIDES = ("profile", "config", *(f"use_{f}" for f in keys.FAMILIES), *(f"force_{f}" for f in FORCEABLE),
+              *THRESHOLD_KEYS)
 
 _cli_overrides: dict[str, Any] = {}
 _cache: dict[tuple, Thresholds] = {}
@@ -79,21 +48,61 @@ _recorder: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.Con
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Thresholds in force for one profile, with where each value came from."""
+    """The thresholds in force for one profile: the config plus overrides, per class on demand."""
 
     profile: str
-    fa2_min_len_win: int
-    fa2_min_len_cmp: int
-    triton_min_len_sel: int = -1
-    triton_min_len_cmp: int = -1
-    force_fa2: bool = False
-    sources: dict[str, str] = field(default_factory=dict)
+    config: settings.Settings
+    overrides: dict[str, tuple[int, str]] = field(default_factory=dict)
+    forced: frozenset[str] = frozenset()
 
-    def value(self, key: str) -> int:
-        """The threshold `key` (one of THRESHOLD_KEYS)."""
-        if key not in THRESHOLD_KEYS:
-            raise ValueError(f"threshold key must be one of {THRESHOLD_KEYS}, got {key!r}")
-        return getattr(self, key)
+    def lookup(self, key: str, cls: str) -> tuple[int, str]:
+        """(value, source) of `key` in class `cls`."""
+        if key in self.overrides:
+            return self.overrides[key]
+        return self.config.value(key, self.profile, cls)
+
+    def value(self, key: str, cls: str = "g16") -> int:
+        return self.lookup(key, cls)[0]
+
+    @property
+    def force_fa2(self) -> bool:
+        return "fa2" in self.forced
+
+    def table(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """`{key: {class: {value, source}}}` for results files and logs."""
+        return {k: {c: dict(zip(("value", "source"), self.lookup(k, c), strict=True)) for c in keys.CLASSES}
+                for k in THRESHOLD_KEYS}
+
+
+@dataclass(frozen=True)
+class BranchPlan:
+    backend: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one NSA call runs: a backend per branch (`win`, `cmp`, `sel`), with the reason, and
+    whether the selection scores come from the Triton compressed kernel (`scores == "triton"`,
+    which then also gives the compressed output) or from torch (`nsa.selection`)."""
+
+    seq_len: int
+    cls: str
+    profile: str
+    branches: dict[str, BranchPlan]
+    scores: str
+
+    def backend(self, branch: str) -> str:
+        return self.branches[branch].backend
+
+    def describe(self) -> dict[str, Any]:
+        return {"seq_len": self.seq_len, "class": self.cls, "profile": self.profile, "scores": self.scores,
+                **{b: {"backend": p.backend, "why": p.why} for b, p in self.branches.items()}}
+
+    @property
+    def label(self) -> str:
+        """Short form for logs and results: `win=fa2 cmp=triton sel=triton scores=triton`."""
+        return " ".join([*(f"{b}={p.backend}" for b, p in self.branches.items()), f"scores={self.scores}"])
 
 
 def device_profile(device: torch.device | str | None) -> str:
@@ -106,9 +115,8 @@ def device_profile(device: torch.device | str | None) -> str:
 
 
 def set_overrides(**values: Any) -> None:
-    """Code/CLI overrides: `use_fa2`, `force_fa2`, `use_triton`, any threshold key
-    (`fa2_min_len_win`, `fa2_min_len_cmp`, `triton_min_len_sel`, `triton_min_len_cmp`), `profile`,
-    `config` (path). `None` removes one. Clears the threshold cache."""
+    """Code/CLI overrides: `use_<family>`, `force_fa2`, any threshold key, `profile`, `config`
+    (path). `None` removes one. Clears the threshold cache."""
     unknown = set(values) - set(_OVERRIDES)
     if unknown:
         raise ValueError(f"override names must be among {sorted(_OVERRIDES)}, got {sorted(unknown)}")
@@ -116,15 +124,11 @@ def set_overrides(**values: Any) -> None:
         if value is None:
             _cli_overrides.pop(key, None)
         else:
+            if key in THRESHOLD_KEYS:
+                settings.threshold(value, f"override {key}")
             _cli_overrides[key] = value
             log.warning("nsa dispatch override from code/CLI: %s=%r", key, value)
     _cache.clear()
-
-
-def _int_threshold(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-        raise ValueError(f"{where} must be an int >= -1 (-1 disables that backend), got {value!r}; fix the value")
-    return value
 
 
 def _env_bool(name: str) -> bool | None:
@@ -136,139 +140,155 @@ def _env_bool(name: str) -> bool | None:
     return raw == "1"
 
 
+def _env_names() -> tuple[str, ...]:
+    return ("NSA_CONFIG", "NSA_PROFILE", "NSA_FA2_FORCE", *(f"NSA_USE_{f.upper()}" for f in keys.FAMILIES),
+            *(keys.get(k).env for k in THRESHOLD_KEYS))
+
+
 def thresholds(device: torch.device | str | None = None) -> Thresholds:
     """The thresholds in force for `device` (config file, profile, then env and CLI overrides)."""
     profile = str(_cli_overrides.get("profile") or os.environ.get("NSA_PROFILE") or device_profile(device))
-    key = (profile, tuple(os.environ.get(k) for k in _ENV_KEYS), tuple(sorted(_cli_overrides.items())))
-    if key not in _cache:
-        _cache[key] = _load(profile)
-    return _cache[key]
+    cache_key = (profile, tuple(os.environ.get(k) for k in _env_names()), tuple(sorted(map(repr, _cli_overrides.items()))))
+    if cache_key not in _cache:
+        _cache[cache_key] = _load(profile)
+    return _cache[cache_key]
 
 
 def _load(profile: str) -> Thresholds:
-    path = Path(_cli_overrides.get("config") or os.environ.get("NSA_CONFIG") or DEFAULT_CONFIG)
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise ValueError(f"NSA config {path} must be readable, got {exc.strerror}; set NSA_CONFIG") from None
-    runtime = doc.get("runtime") or {}
-    prof = (doc.get("profiles") or {}).get(profile) or {}
-    values: dict[str, int] = {}
-    sources: dict[str, str] = {}
-    for name in THRESHOLD_KEYS:
-        if name in prof:
-            values[name], sources[name] = prof[name], f"{path.name}:profiles.{profile}.{name}"
-        elif name in runtime:
-            values[name], sources[name] = runtime[name], f"{path.name}:runtime.{name}"
-        else:
-            values[name], sources[name] = -1, "default (-1, key absent)"
-        env = os.environ.get(f"NSA_{name.upper()}")
+    path = _cli_overrides.get("config") or os.environ.get("NSA_CONFIG") or None
+    config = settings.load(path)
+    overrides: dict[str, tuple[int, str]] = {}
+    for key in keys.KEYS:
+        env = os.environ.get(key.env)
         if env not in (None, ""):
             try:
-                values[name], sources[name] = int(env), f"env NSA_{name.upper()}"
+                value = int(env)
             except ValueError:
-                raise ValueError(f"NSA_{name.upper()} must be an int, got {env!r}") from None
-        if name in _cli_overrides:
-            values[name], sources[name] = _cli_overrides[name], "override (code/CLI)"
-        values[name] = _int_threshold(values[name], sources[name])
-    fa2_keys = [k for k in THRESHOLD_KEYS if FAMILY_OF[k] == FA2]
-    use = _cli_overrides.get("use_fa2", _env_bool("NSA_USE_FA2"))
-    force = bool(_cli_overrides.get("force_fa2", _env_bool("NSA_FA2_FORCE")))
-    if use is False:
-        for name in fa2_keys:
-            values[name], sources[name] = -1, "NSA_USE_FA2=0 / use_fa2=False"
-        force = False
-    if force:
-        for name in fa2_keys:
-            values[name], sources[name] = 0, "NSA_FA2_FORCE=1 / force_fa2=True"
-    if _cli_overrides.get("use_triton", _env_bool("NSA_USE_TRITON")) is False:
-        for name in (k for k in THRESHOLD_KEYS if FAMILY_OF[k] == TRITON):
-            values[name], sources[name] = -1, "NSA_USE_TRITON=0 / use_triton=False"
-    result = Thresholds(profile=profile, force_fa2=force, sources=sources, **values)
-    if any(not s.startswith(path.name) for s in sources.values()):
-        log.warning("nsa dispatch thresholds with overrides: %s", describe_thresholds(result))
+                raise ValueError(f"{key.env} must be an int (-1 or a length), got {env!r}") from None
+            overrides[key.name] = (settings.threshold(value, key.env), f"env {key.env}")
+        if key.name in _cli_overrides:
+            value = _cli_overrides[key.name]
+            if isinstance(value, dict):
+                raise ValueError(f"override {key.name} must be one int for every class, got {value!r}")
+            overrides[key.name] = (value, "override (code/CLI)")
+    forced: set[str] = set()
+    for family in keys.FAMILIES:
+        use = _cli_overrides.get(f"use_{family}", _env_bool(f"NSA_USE_{family.upper()}"))
+        force = family in FORCEABLE and bool(_cli_overrides.get(f"force_{family}", _env_bool("NSA_FA2_FORCE")))
+        for key in keys.of_family(family):
+            if use is False:
+                overrides[key.name] = (-1, f"NSA_USE_{family.upper()}=0 / use_{family}=False")
+            elif force:
+                overrides[key.name] = (0, f"NSA_{family.upper()}_FORCE=1 / force_{family}=True")
+        if force and use is not False:
+            forced.add(family)
+    result = Thresholds(profile, config, overrides, frozenset(forced))
+    if overrides:
+        log.warning("nsa dispatch thresholds with overrides: %s", overrides)
     return result
 
 
-def describe_thresholds(t: Thresholds) -> dict[str, Any]:
-    return asdict(t)
-
-
 def describe(device: torch.device | str | None = None) -> dict[str, Any]:
-    """Thresholds in force and their sources, for results files and logs."""
-    return describe_thresholds(thresholds(device))
+    """Thresholds in force per key and class, with their sources (results files embed this)."""
+    t = thresholds(device)
+    return {"profile": t.profile, "config": t.config.source, "force_fa2": t.force_fa2, "keys": t.table()}
+
+
+def call_class(call: AttnCall) -> str:
+    return keys.class_of(call.q.shape[2], call.k.shape[2])
 
 
 def pick(call: AttnCall, t: Thresholds) -> tuple[str, str]:
-    """(backend, why) for `call` under thresholds `t`, whatever the device: the first candidate of
-    `CANDIDATES[call.op]` whose threshold `seq_len` clears and that can run the call
-    (`backends.unsupported_reason` is None), else `sdpa`. `why` lists every candidate passed over.
-    Raises BackendError when FA-2 is forced (`t.force_fa2`) and the FA-2 candidate cannot run.
-    `choose` applies it to CUDA tensors; tests call it directly on CPU ones.
+    """(backend, why) for one branch call under `t`, whatever the device: the first key of the
+    call's op whose threshold `seq_len` clears (in the call's class) and whose backend can run the
+    call, else `sdpa`. `why` lists every key passed over. Raises BackendError when a family is
+    forced and its backend cannot run. `choose` applies it to CUDA tensors; tests call it on CPU.
     """
-    cands = CANDIDATES.get(call.op, ())
+    cands = keys.for_op(call.op)
     if not cands:
-        return "sdpa", f"no threshold-dispatched backend for the {call.op} op"
-    n = call.seq_len
+        return "sdpa", f"no decision key for the {call.op} op"
+    n, cls = call.seq_len, call_class(call)
     passed: list[str] = []
-    for cand in cands:
-        limit = t.value(cand.key)
+    for key in cands:
+        limit, source = t.lookup(key.name, cls)
         if limit < 0:
-            passed.append(f"{cand.key}=-1 ({t.sources.get(cand.key, 'default')})")
+            passed.append(f"{key.name}[{cls}]=-1 ({source})")
             continue
         if n < limit:
-            passed.append(f"seq_len {n} < {cand.key}={limit}")
+            passed.append(f"seq_len {n} < {key.name}[{cls}]={limit}")
             continue
-        resolved = backends.resolve(cand.backend, call.q.device)
+        resolved = backends.resolve(key.backend, call.q.device)
         reason = backends.unsupported_reason(resolved, call)
         if reason is None:
-            return resolved, "; ".join([*passed, f"seq_len {n} >= {cand.key}={limit}"])
-        if cand.family == FA2 and t.force_fa2:
-            raise BackendError(f"FA-2 is forced (NSA_FA2_FORCE) but {resolved} cannot run: {reason}")
-        passed.append(f"{LABELS[cand.family]} ({resolved}) cannot run this call: {reason}")
+            return resolved, "; ".join([*passed, f"seq_len {n} >= {key.name}[{cls}]={limit}"])
+        if key.family in t.forced:
+            raise BackendError(f"{key.label} is forced (NSA_{key.family.upper()}_FORCE) but {resolved} cannot run: {reason}")
+        passed.append(f"{key.label} ({resolved}) cannot run this call: {reason}")
     return "sdpa", "; ".join(passed)
 
 
 def choose(call: AttnCall) -> str:
-    """The backend `auto` runs for `call`; recorded (see `recording`) and logged at debug level."""
-    device = call.q.device
+    """The backend `auto` runs for one branch call; recorded (see `recording`)."""
     name, why = "sdpa", "cpu tensors always use sdpa"
-    if device.type == "cuda":
-        name, why = pick(call, thresholds(device))
+    if call.q.device.type == "cuda":
+        name, why = pick(call, thresholds(call.q.device))
     record(call.op, call.seq_len, name, why)
     return name
 
 
+def plan(calls: dict[str, AttnCall], requested: str | dict[str, str] = "auto", t: Thresholds | None = None) -> Plan:
+    """The plan of one NSA call from its branch calls (`win`, `cmp`, `sel`; the `sel` call needs no
+    block indices yet) and the module's `backend`: `"auto"`, one backend name for every branch, or
+    a mapping branch -> name (missing branches: auto).
+
+    An explicit backend that cannot run its branch raises BackendError with the reason. With
+    `auto`, each branch follows `pick`; the selection scores run on the Triton compressed kernel
+    whenever the compressed or the selected branch runs on Triton (that kernel yields the
+    compressed output and the scores in one pass), else in torch. `t`: thresholds to apply
+    whatever the device (tests); by default those of a CUDA device, and `sdpa` on CPU tensors.
+    """
+    any_call = next(iter(calls.values()))
+    device = any_call.q.device
+    if t is None and device.type == "cuda":
+        t = thresholds(device)
+    chosen: dict[str, BranchPlan] = {}
+    for branch, call in calls.items():
+        want = requested.get(branch, "auto") if isinstance(requested, dict) else requested
+        if want == "auto":
+            name, why = pick(call, t) if t is not None else ("sdpa", "cpu tensors always use sdpa")
+        else:
+            name = backends.resolve(want, device)
+            reason = backends.unsupported_reason(name, call)
+            if reason is not None:
+                raise BackendError(f"backend {want!r} cannot run the {keys.BRANCH_OPS[branch]} branch: {reason}; "
+                                   "pass backend={branch: name} to choose per branch, or backend='auto'")
+            why = "requested"
+        chosen[branch] = BranchPlan(name, why)
+    scores = "torch"
+    if "triton" in (chosen.get("cmp", BranchPlan("", "")).backend, chosen.get("sel", BranchPlan("", "")).backend):
+        probe = calls.get("cmp") or calls.get("sel")
+        cmp_call = AttnCall("compressed", probe.q, probe.k, probe.v, probe.scale, q_start=probe.q_start)
+        if backends.unsupported_reason("triton", cmp_call) is None:
+            scores = "triton"
+            if "cmp" in chosen and chosen["cmp"].backend != "triton" and _auto(requested, "cmp"):
+                chosen["cmp"] = BranchPlan("triton", "fused: the Triton selection scores yield the compressed output")
+    result = Plan(any_call.seq_len, call_class(any_call), t.profile if t else "cpu", chosen, scores)
+    for branch, bp in chosen.items():
+        record(keys.BRANCH_OPS[branch], result.seq_len, bp.backend, bp.why)
+    record("nsa_plan", result.seq_len, result.label, f"class {result.cls}, profile {result.profile}")
+    return result
+
+
+def _auto(requested: str | dict[str, str], branch: str) -> bool:
+    return (requested.get(branch, "auto") if isinstance(requested, dict) else requested) == "auto"
+
+
 def record(op: str, seq_len: int, backend: str, why: str) -> None:
-    """Log one `auto` choice and add it to the active `recording()` (also used by nsa.module for
-    its choice of the fused Triton path, op `nsa_triton_path`)."""
+    """Log one `auto` choice and add it to the active `recording()`."""
     log.debug("auto %s seq_len=%d -> %s (%s)", op, seq_len, backend, why)
     rec = _recorder.get()
     if rec is not None:
         rec.append({"op": op, "seq_len": seq_len, "backend": backend, "why": why})
-
-
-def triton_fused_ok(seq_len: int, device: torch.device | str | None, call: AttnCall | None = None) -> bool:
-    """Whether `auto` would run both the compressed and the selected branch on the own Triton
-    kernels at sequence length `seq_len` (tokens so far) on `device`, so that a caller may use
-    the fused compressed-attention + selection-scores kernel instead of two separate passes.
-
-    True only on a CUDA device where the triton backend is available and `seq_len` is at least
-    both `triton_min_len_cmp` and `triton_min_len_sel` (neither -1, neither switched off by
-    NSA_USE_TRITON=0). Per-call limits (dtype, head dims, sel_block) need a call: pass `call`
-    (any of the layer's branch calls) to require `backends.unsupported_reason("triton", call)`
-    to be None as well. Records nothing; the caller records what it runs.
-    """
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    if dev.type != "cuda":
-        return False
-    t = thresholds(dev)
-    limits = (t.triton_min_len_cmp, t.triton_min_len_sel)
-    if min(limits) < 0 or seq_len < max(limits):
-        return False
-    if backends.unavailable_reason("triton", dev) is not None:
-        return False
-    return call is None or backends.unsupported_reason("triton", call) is None
 
 
 @contextlib.contextmanager

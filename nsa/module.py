@@ -3,12 +3,13 @@
 `o_t = sum_c sigmoid(gate_c(x_t)) * attn_c(q_t)` over c in (cmp, sel, win), one gate per query
 head per branch (paper Eq. 5). Each branch has its own K/V projections (`kv="separate"`, the
 paper) or all share one (`kv="shared"`). RoPE is applied to queries and raw keys (nsa.rope).
+Every call asks nsa.dispatch for one `Plan` (a backend per branch, with the reason) and runs the
+one prefill path or the one decode path below from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -16,93 +17,13 @@ from torch import Tensor, nn
 from nsa import dispatch, ops
 from nsa.backends import AttnCall
 from nsa.backends.sdpa import masked_attention
+from nsa.cache import NSACache, ReadCounts, TokenBuffer, decode_read_budget
 from nsa.compression import MLPCompressor, avg_compress
 from nsa.config import NSAConfig
 from nsa.rope import apply_rope
 
 BRANCHES = ("cmp", "sel", "win")
-
-
-def decode_read_budget(seq_len: int, config: NSAConfig) -> int:
-    """The paper's per-step token budget (Table 4): `s/d + n*l' + w` (an upper bound)."""
-    return seq_len // config.cmp_stride + config.sel_count * config.sel_block + config.window
-
-
-@dataclass
-class ReadCounts:
-    """Tokens one decode step handed to each branch's kernel.
-
-    `cmp`: compressed tokens; `sel`: `[B, Hkv]` raw tokens of the selected blocks that are `<= t`
-    (each KV group selects its own blocks); `win`: raw tokens of the window.
-    """
-
-    cmp: int = 0
-    sel: Tensor | None = None
-    win: int = 0
-    sel_blocks: Tensor | None = None  # [B, 1, Hkv, n] blocks the step selected
-
-    @property
-    def sel_mean(self) -> float:
-        return 0.0 if self.sel is None else float(self.sel.float().mean())
-
-
-class _Buffer:
-    """Append-only `[B, L, H, D]` token buffer with amortised O(1) appends.
-
-    `keep=None` keeps everything; `keep=w` keeps (at least) the last w tokens, sliding them to the
-    front when the capacity `2w` fills up, so a window cache never grows with the sequence.
-    """
-
-    def __init__(self, keep: int | None = None) -> None:
-        self.keep = keep
-        self.data: Tensor | None = None
-        self.n = 0
-
-    def append(self, x: Tensor) -> None:
-        if self.data is None:
-            cap = max(2 * (self.keep or 0), 2 * x.shape[1], 16)
-            self.data = x.new_empty(x.shape[0], cap, *x.shape[2:])
-        if self.n + x.shape[1] > self.data.shape[1]:
-            if self.keep is not None and x.shape[1] <= self.keep:
-                tail = self.data[:, self.n - self.keep:self.n].clone() if self.n > self.keep else self.data[:, :self.n].clone()
-                self.data[:, :tail.shape[1]] = tail
-                self.n = tail.shape[1]
-            if self.n + x.shape[1] > self.data.shape[1]:
-                grown = x.new_empty(x.shape[0], 2 * (self.n + x.shape[1]), *x.shape[2:])
-                grown[:, :self.n] = self.data[:, :self.n]
-                self.data = grown
-        self.data[:, self.n:self.n + x.shape[1]] = x
-        self.n += x.shape[1]
-
-    def view(self, last: int | None = None) -> Tensor:
-        assert self.data is not None, "empty buffer"
-        last = self.n if last is None else min(last, self.n)
-        return self.data[:, self.n - last:self.n]
-
-
-@dataclass
-class NSACache:
-    """Decode state of one NSAAttention: created by `new_cache`, filled by `prefill`, extended by `step`.
-
-    Holds raw K/V of the selection branch (all tokens), the last `w` K/V of the sliding branch,
-    the last `l` raw K/V of the compression branch and the compressed stream. With `kv="shared"`
-    one raw buffer serves all three.
-    """
-
-    length: int = 0
-    raw: dict[str, tuple[_Buffer, _Buffer]] = field(default_factory=dict)
-    # The compressed stream, appended in amortised O(1) (a decode step never copies the stream).
-    cmp: tuple[_Buffer, _Buffer] = field(default_factory=lambda: (_Buffer(), _Buffer()))
-    reads: ReadCounts = field(default_factory=ReadCounts)
-
-    @property
-    def k_cmp(self) -> Tensor | None:
-        """Compressed keys `[B, n_cmp, Hkv, dk]` (a view), None before the first prefill/step."""
-        return self.cmp[0].view() if self.cmp[0].data is not None else None
-
-    @property
-    def v_cmp(self) -> Tensor | None:
-        return self.cmp[1].view() if self.cmp[1].data is not None else None
+__all__ = ["BRANCHES", "NSAAttention", "NSACache", "ReadCounts", "decode_read_budget"]
 
 
 class NSAAttention(nn.Module):
@@ -111,14 +32,20 @@ class NSAAttention(nn.Module):
     `forward(x)` is the prefill. Decode: `cache = attn.new_cache()`, `y, cache = attn.prefill(x)`
     (or start empty), then `y_t = attn.step(x_t, cache)` for `x_t [B, 1, dim]`; every step output
     equals the prefill output at that position. `cache.reads` holds the last step's read counts.
-    `backend` applies to the sliding and compressed branches (`"auto"`: nsa.dispatch thresholds);
-    `backend="triton"` runs the Triton compressed+scores kernel, Triton top-n and the Triton
-    selection kernel, in prefill and in decode, with sliding through `auto`.
+    `backend`: `"auto"` (nsa.dispatch picks per branch from the thresholds), one backend name for
+    every branch (`"sdpa"`, `"triton"`, `"flex"`, `"fa2"` ...), or a mapping branch -> name
+    (`{"win": "fa2"}`; missing branches are auto). An explicit backend that cannot run a branch
+    raises BackendError with the reason (FA-2 has no selected op: use a mapping).
     """
 
-    def __init__(self, config: NSAConfig, *, backend: str = "auto") -> None:
+    def __init__(self, config: NSAConfig, *, backend: str | Mapping[str, str] = "auto") -> None:
         super().__init__()
         c = self.config = config
+        if isinstance(backend, Mapping):
+            unknown = set(backend) - set(BRANCHES)
+            if unknown:
+                raise ValueError(f"backend mapping keys must be among {BRANCHES}, got {sorted(unknown)}")
+            backend = dict(backend)
         self.backend = backend
         self.q_proj = nn.Linear(c.dim, c.n_heads * c.head_dim_qk, bias=False)
         self.kv_names = BRANCHES if c.kv == "separate" else ("shared",)
@@ -158,6 +85,28 @@ class NSAAttention(nn.Module):
             return self.phi_k(k), self.phi_v(v)
         return avg_compress(k, c.cmp_block, c.cmp_stride), avg_compress(v, c.cmp_block, c.cmp_stride)
 
+    def _calls(self, q: Tensor, kv: Mapping[str, tuple[Tensor, Tensor]], kc: Tensor | None, vc: Tensor | None,
+               branches: Sequence[str], q_start: int, k_start_win: int = 0) -> dict[str, AttnCall]:
+        """The branch calls dispatch plans from (the selection call has no block indices yet)."""
+        c, scale = self.config, self.config.softmax_scale
+        calls = {}
+        if "cmp" in branches:
+            calls["cmp"] = AttnCall("compressed", q, kc, vc, scale, q_start=q_start, block=c.cmp_block,
+                                    stride=c.cmp_stride)
+        if "sel" in branches:
+            k_s, v_s = kv[self._kv_name("sel")]
+            calls["sel"] = AttnCall("selected", q, k_s, v_s, scale, q_start=q_start, sel_block=c.sel_block)
+        if "win" in branches:
+            k_w, v_w = kv[self._kv_name("win")]
+            calls["win"] = AttnCall("sliding", q, k_w, v_w, scale, q_start=q_start, k_start=k_start_win,
+                                    window=c.window)
+        return calls
+
+    def plan(self, q: Tensor, kv: Mapping[str, tuple[Tensor, Tensor]], branches: Sequence[str] = BRANCHES,
+             q_start: int = 0) -> dispatch.Plan:
+        """The dispatch plan of a prefill (or a chunk at `q_start`) for these projections."""
+        return dispatch.plan(self._calls(q, kv, None, None, branches, q_start), self.backend)
+
     def attend(self, q: Tensor, kv: dict[str, tuple[Tensor, Tensor]], gates: Tensor,
                branches: Sequence[str] = BRANCHES) -> Tensor:
         """Prefill attention (projections excluded): gated sum of the branches -> `[B, T, Hq, dv]`.
@@ -166,91 +115,67 @@ class NSAAttention(nn.Module):
         compressed keys). Memory: each branch op's (see nsa.ops), plus one `[B, T, Hq, dv]` output
         per branch.
         """
-        c = self.config
-        if self._use_triton(q, kv[self._kv_name("sel")][1], q.shape[1]):
-            return self._attend_triton(q, kv, gates, branches)
-        out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
-        k_c, v_c = kv[self._kv_name("cmp")]
-        kc, vc = self.compress(k_c, v_c) if {"cmp", "sel"} & set(branches) else (None, None)
-        if "cmp" in branches:
-            o = ops.compressed_attention(q, kc, vc, block=c.cmp_block, stride=c.cmp_stride,
-                                         scale=c.softmax_scale, backend=self.backend)
-            out = out + gates[..., 0:1] * o
-        if "sel" in branches:
-            idx = ops.select_blocks(q, kc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block,
-                                    sel_count=c.sel_count, scale=c.softmax_scale)
-            k_s, v_s = kv[self._kv_name("sel")]
-            o = ops.selected_attention(q, k_s, v_s, idx, sel_block=c.sel_block, scale=c.softmax_scale,
-                                       backend="auto" if self.backend == "auto" else _sel_backend(self.backend))
-            out = out + gates[..., 1:2] * o
-        if "win" in branches:
-            k_w, v_w = kv[self._kv_name("win")]
-            o = ops.sliding_window_attention(q, k_w, v_w, window=c.window, scale=c.softmax_scale,
-                                             backend=self.backend)
-            out = out + gates[..., 2:3] * o
-        return out
-
-    def _attend_triton(self, q: Tensor, kv: dict[str, tuple[Tensor, Tensor]], gates: Tensor,
-                       branches: Sequence[str], q_start: int = 0) -> Tensor:
-        """The fast path: one group-centric Triton kernel gives the compressed output and the
-        selection scores, Triton top-n, the sliding branch through `auto` dispatch (FA-2 above its
-        threshold), then the group-centric Triton selection kernel, which also does the gated sum
-        when all three branches run. Same semantics as `attend`."""
-        from nsa.backends import triton_nsa
-
-        c = self.config
-        o_cmp = idx = o_win = None
+        if not branches:
+            return q.new_zeros(*q.shape[:3], self.config.head_dim_v)
+        kc = vc = None
         if {"cmp", "sel"} & set(branches):
             kc, vc = self.compress(*kv[self._kv_name("cmp")])
-            o_cmp, idx = self._cmp_topn_triton(q, kc, vc, branches, q_start)
-        if "win" in branches:
-            k_w, v_w = kv[self._kv_name("win")]
-            o_win = ops.sliding_window_attention(q, k_w, v_w, window=c.window, scale=c.softmax_scale,
-                                                 backend="auto")
+        calls = self._calls(q, kv, kc, vc, branches, 0)
+        plan = dispatch.plan(calls, self.backend)
+        o_cmp, idx = self._cmp_and_blocks(plan, calls, q, kc, vc, branches, 0)
+        o_win = ops.sliding_window_attention(q, *kv[self._kv_name("win")], window=self.config.window,
+                                             scale=self.config.softmax_scale, backend=plan.backend("win")) \
+            if "win" in branches else None
         k_s, v_s = kv[self._kv_name("sel")]
-        if o_cmp is not None and idx is not None and o_win is not None:
+        o_sel = None
+        if idx is not None and not self._fused_gate(plan, o_cmp, o_win):
+            o_sel = ops.selected_attention(q, k_s, v_s, idx, sel_block=self.config.sel_block,
+                                           scale=self.config.softmax_scale, backend=plan.backend("sel"))
+        return self._gated(plan, q, k_s, v_s, idx, gates, o_cmp, o_sel, o_win, 0)
+
+    def _cmp_and_blocks(self, plan: dispatch.Plan, calls: Mapping[str, AttnCall], q: Tensor, kc: Tensor | None,
+                        vc: Tensor | None, branches: Sequence[str], q_start: int) -> tuple[Tensor | None, Tensor | None]:
+        """Compressed output and selected blocks, per the plan: one Triton pass gives both (plus
+        Triton top-n) when `plan.scores == "triton"`; else torch scores and the cmp backend."""
+        c = self.config
+        o_cmp = idx = None
+        if plan.scores == "triton":
+            from nsa.backends import triton_nsa
+
+            o_fused, scores = triton_nsa.compressed_and_scores(
+                q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, scale=c.softmax_scale,
+                q_start=q_start, scores="sel" in branches)
+            if scores is not None:
+                idx = triton_nsa.topn(scores, q_start, sel_block=c.sel_block, sel_count=c.sel_count)
+            if "cmp" in branches and plan.backend("cmp") == "triton":
+                o_cmp = o_fused
+        elif "sel" in branches:
+            idx = ops.select_blocks(q, kc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block,
+                                    sel_count=c.sel_count, scale=c.softmax_scale, q_start=q_start)
+        if "cmp" in branches and o_cmp is None:
+            o_cmp = ops.compressed_attention(q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, scale=c.softmax_scale,
+                                             backend=plan.backend("cmp"), q_start=q_start)
+        return o_cmp, idx
+
+    @staticmethod
+    def _fused_gate(plan: dispatch.Plan, o_cmp: Tensor | None, o_win: Tensor | None) -> bool:
+        """The Triton selection kernel forms the gated sum in its epilogue when all three run."""
+        return "sel" in plan.branches and plan.backend("sel") == "triton" and o_cmp is not None and o_win is not None
+
+    def _gated(self, plan: dispatch.Plan, q: Tensor, k_s: Tensor, v_s: Tensor, idx: Tensor | None, gates: Tensor,
+               o_cmp: Tensor | None, o_sel: Tensor | None, o_win: Tensor | None, q_start: int) -> Tensor:
+        """`sum_c gate_c * o_c` -> `[B, Tq, Hq, dv]` (the one place the gated sum is written)."""
+        c = self.config
+        if idx is not None and self._fused_gate(plan, o_cmp, o_win):
+            from nsa.backends import triton_nsa
+
             return triton_nsa.selected_gated(q, k_s, v_s, idx, sel_block=c.sel_block, scale=c.softmax_scale,
                                              gates=gates, o_cmp=o_cmp, o_win=o_win, q_start=q_start)
         out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
-        if o_cmp is not None:
-            out = out + gates[..., 0:1] * o_cmp
-        if idx is not None:
-            o_sel = ops.selected_attention(q, k_s, v_s, idx, sel_block=c.sel_block, scale=c.softmax_scale,
-                                           backend="triton", q_start=q_start)
-            out = out + gates[..., 1:2] * o_sel
-        if o_win is not None:
-            out = out + gates[..., 2:3] * o_win
+        for i, o in enumerate((o_cmp, o_sel, o_win)):
+            if o is not None:
+                out = out + gates[..., i:i + 1] * o
         return out
-
-    def _use_triton(self, q: Tensor, v: Tensor, seq_len: int) -> bool:
-        """The Triton path: always with `backend="triton"`; with `"auto"` where the dispatch
-        thresholds put both the compressed and the selected branch on Triton at this length
-        (`triton_min_len_cmp` / `triton_min_len_sel`, nsa.dispatch.triton_fused_ok) and the
-        kernels support this call; recorded like every other auto choice."""
-        if self.backend == "triton":
-            return True
-        if self.backend != "auto" or q.device.type != "cuda":
-            return False
-        c = self.config
-        call = AttnCall("selected", q, v, v, c.softmax_scale, q_start=seq_len - q.shape[1], sel_block=c.sel_block)
-        ok = dispatch.triton_fused_ok(seq_len, q.device, call)
-        dispatch.record("nsa_triton_path", seq_len, "triton" if ok else "per-branch",
-                        "triton_fused_ok" if ok else "below the triton thresholds or unsupported")
-        return ok
-
-    def _cmp_topn_triton(self, q: Tensor, kc: Tensor, vc: Tensor, branches: Sequence[str],
-                         q_start: int) -> tuple[Tensor | None, Tensor | None]:
-        """Compressed output and selected block indices on the Triton kernels (a prefill chunk or
-        one decode step at `q_start`); `None` for a branch not asked for."""
-        from nsa.backends import triton_nsa
-
-        c = self.config
-        o_cmp, scores = triton_nsa.compressed_and_scores(
-            q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, scale=c.softmax_scale,
-            q_start=q_start, scores="sel" in branches)
-        idx = None if scores is None else triton_nsa.topn(scores, q_start, sel_block=c.sel_block,
-                                                          sel_count=c.sel_count)
-        return (o_cmp if "cmp" in branches else None), idx
 
     def _out(self, o: Tensor) -> Tensor:
         return self.o_proj(o.reshape(*o.shape[:2], -1))
@@ -266,11 +191,11 @@ class NSAAttention(nn.Module):
         c = self.config
         cache = NSACache()
         if c.kv == "shared":
-            cache.raw["shared"] = (_Buffer(), _Buffer())
+            cache.raw["shared"] = (TokenBuffer(), TokenBuffer())
         else:
-            cache.raw = {"sel": (_Buffer(), _Buffer()),
-                         "win": (_Buffer(c.window), _Buffer(c.window)),
-                         "cmp": (_Buffer(c.cmp_block), _Buffer(c.cmp_block))}
+            cache.raw = {"sel": (TokenBuffer(), TokenBuffer()),
+                         "win": (TokenBuffer(c.window), TokenBuffer(c.window)),
+                         "cmp": (TokenBuffer(c.cmp_block), TokenBuffer(c.cmp_block))}
         return cache
 
     def prefill(self, x: Tensor, branches: Sequence[str] = BRANCHES) -> tuple[Tensor, NSACache]:
@@ -313,74 +238,38 @@ class NSAAttention(nn.Module):
         `q [B, 1, Hq, dk]` (RoPE applied) and `gates [B, 1, Hq, 3]` of the token at
         `t = cache.length - 1`, whose K/V the cache already holds -> `[B, 1, Hq, dv]`. Sets
         `cache.reads`; changes nothing else, so it can be replayed (CUDA graphs)."""
+        c = self.config
         t = cache.length - 1
-        v_sel = cache.raw[self._kv_name("sel")][1].view()
-        if branches and self._use_triton(q, v_sel, t + 1):
-            return self._decode_attend_triton(q, gates, cache, branches, t)
-        c = self.config
         reads = ReadCounts()
-        out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
-        if "cmp" in branches:
-            o = ops.compressed_attention(q, cache.k_cmp, cache.v_cmp, block=c.cmp_block, stride=c.cmp_stride,
-                                         scale=c.softmax_scale, backend=self.backend, q_start=t)
+        if not branches:
+            cache.reads = reads
+            return q.new_zeros(*q.shape[:3], c.head_dim_v)
+        kw, vw = cache.raw[self._kv_name("win")]
+        win = (kw.view(c.window), vw.view(c.window))
+        k_s, v_s = (b.view() for b in cache.raw[self._kv_name("sel")])
+        kv = {self._kv_name("sel"): (k_s, v_s), self._kv_name("win"): win}
+        calls = self._calls(q, kv, cache.k_cmp, cache.v_cmp, branches, t, k_start_win=t + 1 - win[0].shape[1])
+        plan = dispatch.plan(calls, self.backend)
+        o_cmp, idx = self._cmp_and_blocks(plan, calls, q, cache.k_cmp, cache.v_cmp, branches, t)
+        if o_cmp is not None:
             reads.cmp = cache.k_cmp.shape[1]
-            out = out + gates[..., 0:1] * o
-        if "sel" in branches:
-            idx = ops.select_blocks(q, cache.k_cmp, block=c.cmp_block, stride=c.cmp_stride,
-                                    sel_block=c.sel_block, sel_count=c.sel_count, scale=c.softmax_scale,
-                                    q_start=t)
-            kb, vb = cache.raw[self._kv_name("sel")]
+        o_win = o_sel = None
+        if "win" in branches:
+            o_win = ops.sliding_window_attention(q, *win, window=c.window, scale=c.softmax_scale,
+                                                 backend=plan.backend("win"), q_start=t, k_start=t + 1 - win[0].shape[1])
+            reads.win = win[0].shape[1]
+        if idx is not None:
             reads.sel_blocks = idx
-            o, reads.sel = _selected_decode(q, kb.view(), vb.view(), idx, t, c.sel_block, c.softmax_scale)
-            out = out + gates[..., 1:2] * o
-        if "win" in branches:
-            kb, vb = cache.raw[self._kv_name("win")]
-            k_w, v_w = kb.view(c.window), vb.view(c.window)
-            o = ops.sliding_window_attention(q, k_w, v_w, window=c.window, scale=c.softmax_scale,
-                                             backend="auto" if self.backend == "triton" else self.backend,
-                                             q_start=t, k_start=t + 1 - k_w.shape[1])
-            reads.win = k_w.shape[1]
-            out = out + gates[..., 2:3] * o
+            if plan.backend("sel") == "sdpa":
+                # Masked SDPA over a gather of only the selected blocks' tokens: reads counted from the gather.
+                o_sel, reads.sel = _selected_decode(q, k_s, v_s, idx, t, c.sel_block, c.softmax_scale)
+            else:
+                reads.sel = _selected_reads(idx, t, c.sel_block)
+                if not self._fused_gate(plan, o_cmp, o_win):
+                    o_sel = ops.selected_attention(q, k_s, v_s, idx, sel_block=c.sel_block, scale=c.softmax_scale,
+                                                   backend=plan.backend("sel"), q_start=t)
         cache.reads = reads
-        return out
-
-    def _decode_attend_triton(self, q: Tensor, gates: Tensor, cache: NSACache, branches: Sequence[str],
-                              t: int) -> Tensor:
-        """`decode_attend` on the Triton kernels: compressed + scores split over chunks of the
-        compressed keys, two-stage top-n, the window's blocks through the selection kernel, and
-        the selection kernel (blocks split, combined) forming the gated sum when all three run."""
-        from nsa.backends import triton_nsa
-
-        c = self.config
-        reads = ReadCounts()
-        o_cmp = idx = o_win = None
-        if {"cmp", "sel"} & set(branches):
-            o_cmp, idx = self._cmp_topn_triton(q, cache.k_cmp, cache.v_cmp, branches, t)
-        if "win" in branches:
-            kb, vb = cache.raw[self._kv_name("win")]
-            k_w, v_w = kb.view(c.window), vb.view(c.window)
-            o_win = triton_nsa.sliding_decode(q, k_w, v_w, t=t, scale=c.softmax_scale)
-            dispatch.record("sliding", t + 1, "triton", "decode window as a block list through the selection kernel")
-            reads.win = k_w.shape[1]
-        if o_cmp is not None:
-            reads.cmp = cache.k_cmp.shape[1]
-        kb, vb = cache.raw[self._kv_name("sel")]
-        if idx is not None:
-            reads.sel_blocks, reads.sel = idx, _selected_reads(idx, t, c.sel_block)
-        cache.reads = reads
-        if o_cmp is not None and idx is not None and o_win is not None:
-            return triton_nsa.selected_gated(q, kb.view(), vb.view(), idx, sel_block=c.sel_block,
-                                             scale=c.softmax_scale, gates=gates, o_cmp=o_cmp, o_win=o_win, q_start=t)
-        out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
-        if o_cmp is not None:
-            out = out + gates[..., 0:1] * o_cmp
-        if idx is not None:
-            o = ops.selected_attention(q, kb.view(), vb.view(), idx, sel_block=c.sel_block, scale=c.softmax_scale,
-                                       backend="triton", q_start=t)
-            out = out + gates[..., 1:2] * o
-        if o_win is not None:
-            out = out + gates[..., 2:3] * o_win
-        return out
+        return self._gated(plan, q, k_s, v_s, idx, gates, o_cmp, o_sel, o_win, t)
 
     def _extend_compressed(self, cache: NSACache, t: int) -> None:
         """Emit compressed token `(t+1-l)/d` when `t + 1 >= l` and `(t + 1 - l) % d == 0`."""
@@ -395,11 +284,6 @@ class NSAAttention(nn.Module):
         nk, nv = self.compress(kb.view(c.cmp_block), vb.view(c.cmp_block))
         cache.cmp[0].append(nk)
         cache.cmp[1].append(nv)
-
-
-def _sel_backend(backend: str) -> str:
-    # FA-2 has no selected-attention path; an explicit fa2 module backend keeps sdpa for selection.
-    return "sdpa" if backend in ("fa2", "flash_attn", "torch_fa2") else backend
 
 
 def _selected_reads(idx: Tensor, t: int, sel_block: int) -> Tensor:
