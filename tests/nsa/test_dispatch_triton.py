@@ -161,7 +161,7 @@ def test_plan_fuses_scores_when_selection_runs_on_triton(config, monkeypatch):
 
 @needs_triton
 def test_plan_explicit_backend_raises_for_a_branch_it_cannot_run(config):
-    with pytest.raises(BackendError, match="cannot run the (sliding|selected) branch"):
+    with pytest.raises(BackendError, match=r"cannot run the \w+ branch"):
         dispatch.plan(_calls(40), "fa2")
     p = dispatch.plan(_calls(40), {"sel": "triton"})
     assert (p.backend("sel"), p.backend("win"), p.scores) == ("triton", "sdpa", "triton")
@@ -206,5 +206,5 @@ def test_module_records_one_plan_per_call(monkeypatch):
         m(x)
     plans = [r for r in rec if r["op"] == "nsa_plan"]
     assert len(plans) == 1 and plans[0]["backend"] == "cmp=sdpa sel=sdpa win=sdpa scores=torch"
-    with pytest.raises(BackendError, match="cannot run the (sliding|selected) branch"):
+    with pytest.raises(BackendError, match=r"cannot run the \w+ branch"):
         NSAAttention(cfg, backend="fa2")(x)
