@@ -15,10 +15,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ci import stats
+from nsa import keys
 
 BASELINE = "sdpa"
-FA2_BACKENDS = ("flash_attn", "torch_fa2")
-TRITON_BACKENDS = ("triton",)
+FA2_BACKENDS = tuple(dict.fromkeys(c for k in keys.of_family("fa2") for c in k.candidates))
+TRITON_BACKENDS = tuple(dict.fromkeys(c for k in keys.of_family("triton") for c in k.candidates))
 VERDICTS = ("adopt", "reject", "inconclusive", "failed", "skipped")
 
 Case = Mapping[str, Any]
@@ -44,6 +45,7 @@ class Cell:
     verdict: str
     reason: str
     branch: str | None = None
+    cls: str | None = None  # shape class (nsa.keys.class_of): a class decides from its own cells only
     used_for_decision: bool = False
     note: str = ""
     parity: dict[str, Any] | None = field(default=None)

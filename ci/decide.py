@@ -1,18 +1,14 @@
-"""`ci decide`: turn results files into one threshold decision per threshold key (a JSON file).
+"""`ci decide`: turn results files into one threshold decision per (decision key, shape class).
 
-The rule is `shared/spec/pipeline.md` ("Decision"), applied to every threshold key alike: a
-candidate backend against masked SDPA, the same statistics, margin and threshold rule.
-
-    branch      key                  suite   op          candidate backends
-    win         fa2_min_len_win      fa2     sliding     flash_attn, torch_fa2 (FA-2)
-    cmp         fa2_min_len_cmp      fa2     compressed  flash_attn, torch_fa2 (FA-2)
-    triton_sel  triton_min_len_sel   triton  selected    triton (own Triton kernels)
-    triton_cmp  triton_min_len_cmp   triton  compressed  triton (own Triton kernels)
-
-Only cells of the key's suite and candidates at the model's configured window, compression and
-selection parameters decide; every other pair (other suites, windows, blocks, backends such as
-`flex`) is reported only. When both FA-2 backends ran, a length needs both to win: the
-dispatcher may pick either.
+The rule is docs/pipeline.md ("Decision"), applied to every key declared in `nsa.keys` alike: the
+key's candidate backend against masked SDPA in the key's suite, the same statistics, margin and
+threshold rule. Cells are grouped by shape class (`nsa.keys.class_of`: the GQA group size bucket),
+and a class decides only from its own cells, so one layout never vetoes another that dispatch
+would not confuse with it. Only cells at the model's configured grid (window, compression and
+selection parameters) decide; every other pair is reported only. Cells where both sides are
+faster than `decide.time_floor_ms` are launch-bound and decide nothing. A class whose cells do not
+reach the longest length of the key's decision grid (a smoke or partial run) keeps its value: the
+threshold rule needs every length above the proposal tested, and the longest one most of all.
 
 Everything here is pure except `load_config`, `decide_files` and `write_decision`.
 """
@@ -21,19 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench import results
 from ci import stats
 from ci.cells import (
-    FA2_BACKENDS,
-    TRITON_BACKENDS,
     Cell,
     case_problem,
     judge,
@@ -42,9 +35,10 @@ from ci.cells import (
     parity_failed,
 )
 from ci.noise import CALIBRATION_SUITE, noise_floor
+from nsa import keys, settings
 
-SCHEMA = "nsa-decision/1"
-DECISION_SUITE = "fa2"  # the FA-2 keys' suite (kept for callers that predate the triton keys)
+SCHEMA = "nsa-decision/2"
+DECISION_SUITE = "fa2"  # the suite of decision files that predate `suite` per branch
 EXIT_OK, EXIT_BAD_INPUT, EXIT_PARITY = 0, 2, 3
 
 
@@ -54,94 +48,83 @@ class DecideError(ValueError):
 
 @dataclass(frozen=True)
 class Family:
-    """A family of threshold keys: one kind of candidate backend, timed in one suite."""
+    """A family of keys: one kind of candidate backend, timed in one suite."""
 
-    name: str  # "fa2" or "triton", the prefix of its keys and its field in the decision file
-    label: str  # how reasons and the report name it
-    suite: str  # the bench suite whose cells decide its keys
-    backends: tuple[str, ...]  # candidate backends as results files record them
+    name: str
+    label: str
+    suite: str
+    backends: tuple[str, ...]
 
 
-FA2 = Family("fa2", "FA-2", "fa2", FA2_BACKENDS)
-TRITON = Family("triton", "Triton", "triton", TRITON_BACKENDS)
-FAMILIES = (FA2, TRITON)
+FAMILIES = tuple(Family(f, keys.FAMILY_LABELS[f], keys.of_family(f)[0].suite,
+                        tuple(dict.fromkeys(c for k in keys.of_family(f) for c in k.candidates)))
+                 for f in keys.FAMILIES)
+FAMILY = {f.name: f for f in FAMILIES}
 
 
 @dataclass(frozen=True)
 class Branch:
-    name: str  # "win", "cmp", "triton_sel", "triton_cmp": the key in the decision's `branches`
-    op: str  # the results op that times this branch
-    key: str  # the threshold key under runtime / profiles.<sm>
-    family: Family = FA2
+    """One decision key as `ci` sees it (derived from `nsa.keys.KEYS`)."""
+
+    name: str  # the key's decision_id: its entry in the decision's `branches`
+    op: str
+    key: str
+    family: Family
+
+    @property
+    def decl(self) -> keys.DecisionKey:
+        return keys.get(self.key)
 
 
-BRANCHES = (Branch("win", "sliding", "fa2_min_len_win"), Branch("cmp", "compressed", "fa2_min_len_cmp"),
-            Branch("triton_sel", "selected", "triton_min_len_sel", TRITON),
-            Branch("triton_cmp", "compressed", "triton_min_len_cmp", TRITON))
+BRANCHES = tuple(Branch(k.decision_id, k.op, k.name, FAMILY[k.family]) for k in keys.KEYS)
 DECISION_SUITES = tuple(f.suite for f in FAMILIES)
 
 
 @dataclass(frozen=True)
 class DecideConfig:
-    """What `ci decide` needs from configs/base.yaml (margin possibly overridden)."""
+    """What `ci decide` needs from the config (margin possibly overridden)."""
 
     margin: float
-    confidence: float
-    window: int
-    cmp_block: int
-    cmp_stride: int
-    runtime: Mapping[str, Any]
-    profiles: Mapping[str, Any]
-    sel_block: int | None = None
-    sel_count: int | None = None
+    settings: settings.Settings
+
+    @property
+    def confidence(self) -> float:
+        return float(self.settings.decide["confidence"])
+
+    @property
+    def time_floor_ms(self) -> float:
+        return float(self.settings.decide["time_floor_ms"])
+
+    @property
+    def grid(self) -> dict[str, int]:
+        return self.settings.grid
 
     @classmethod
     def from_mapping(cls, cfg: Any, margin: float | None = None, source: str = "config") -> DecideConfig:
-        def get(section: str, key: str) -> Any:
-            value = (cfg.get(section) or {}).get(key) if isinstance(cfg, Mapping) else None
-            if value is None:
-                raise DecideError(f"{source}: {section}.{key} must be set, got nothing; "
-                                  "compare with configs/base.yaml in the repository")
-            return value
+        """From an already parsed config (tests, callers holding a dict), through the same loader."""
+        import yaml
 
-        chosen = get("decide", "margin") if margin is None else margin
-        if isinstance(chosen, bool) or not isinstance(chosen, (int, float)) or chosen <= 0:
-            raise DecideError(f"margin must be a positive number, got {chosen!r}; "
-                              "pass e.g. --margin 1.2 or fix decide.margin")
-        confidence = get("decide", "confidence")
-        if not isinstance(confidence, (int, float)) or not 0 < confidence < 1:
-            raise DecideError(f"{source}: decide.confidence must be strictly between 0 and 1, "
-                              f"got {confidence!r}; use e.g. 0.95")
-        # The FA-2 keys predate the triton ones: a config without triton keys still decides (-1).
-        for b in BRANCHES:
-            if b.family is FA2:
-                get("runtime", b.key)
-        profiles = cfg.get("profiles") or {}
-        return cls(float(chosen), float(confidence), get("nsa", "window"), get("nsa", "cmp_block"),
-                   get("nsa", "cmp_stride"), cfg["runtime"], profiles, get("nsa", "sel_block"),
-                   get("nsa", "sel_count"))
+        try:
+            loaded = settings.load_text(yaml.safe_dump(cfg, sort_keys=False), source)
+        except settings.SettingsError as exc:
+            raise DecideError(str(exc)) from None
+        chosen = loaded.decide["margin"] if margin is None else margin
+        if isinstance(chosen, bool) or not isinstance(chosen, (int, float)) or not math.isfinite(chosen) or chosen <= 0:
+            raise DecideError(f"margin must be a finite number > 0, got {chosen!r}; pass e.g. --margin 1.2")
+        return cls(float(chosen), loaded)
 
-    def current(self, profile: str, key: str) -> tuple[int, str]:
-        """The threshold in force for `profile` and where it comes from (-1 when no section sets it,
-        as in nsa.dispatch)."""
-        prof = self.profiles.get(profile)
-        if isinstance(prof, Mapping) and prof.get(key) is not None:
-            return int(prof[key]), f"profiles.{profile}.{key}"
-        if self.runtime.get(key) is None:
-            return -1, f"default (-1, {key} absent)"
-        return int(self.runtime[key]), f"runtime.{key}"
+    def current(self, profile: str, key: str, cls: str) -> tuple[int, str]:
+        """The threshold in force for `profile` and class `cls`, and where it comes from."""
+        return self.settings.value(key, profile, cls)
 
     def off_grid(self, op: str, params: Mapping[str, Any]) -> str:
         """Why a branch cell's grid point is not the model's, or "" when it is."""
-        if op == "sliding" and params.get("window") != self.window:
-            return f"window {params.get('window')} is not nsa.window {self.window}"
-        if op in ("compressed", "selected") and \
-                (params.get("block"), params.get("stride")) != (self.cmp_block, self.cmp_stride):
-            return (f"l={params.get('block')}, d={params.get('stride')} is not nsa.cmp_block/cmp_stride "
-                    f"{self.cmp_block}/{self.cmp_stride}")
-        if op == "selected" and (params.get("sel_block"), params.get("sel_count")) != (self.sel_block, self.sel_count):
-            return (f"l'={params.get('sel_block')}, n={params.get('sel_count')} is not nsa.sel_block/sel_count "
-                    f"{self.sel_block}/{self.sel_count}")
+        fields = keys.GRID_FIELDS.get(op, ())
+        got = {param: params.get(param) for _, param in fields}
+        want = {param: self.grid[name] for name, param in fields}
+        if got != want:
+            return ", ".join(f"{p}={got[p]}" for p in got) + " is not the model's " + \
+                ", ".join(f"{p}={want[p]}" for p in want)
         return ""
 
 
@@ -154,22 +137,25 @@ def parse_margin(text: str) -> float | None:
     if not text.strip():
         return None
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(
-            f"--margin must be a number such as 1.2, or empty for the config's decide.margin; got {text!r}"
-        ) from None
+            f"--margin must be a finite number > 0 such as 1.2, or empty for the config's decide.margin; got {text!r}")
+    return value
 
 
-def load_config(path: str | os.PathLike[str], margin: float | None = None) -> DecideConfig:
-    p = Path(path)
+def load_config(path: str | os.PathLike[str] | None = None, margin: float | None = None) -> DecideConfig:
+    """The config through the one loader (nsa.settings), with an optional margin override."""
     try:
-        cfg = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise DecideError(f"cannot read config {p}: {exc.strerror}; pass --config configs/base.yaml") from None
-    except yaml.YAMLError as exc:
-        raise DecideError(f"config {p} must be valid YAML, got an error: {exc}") from None
-    return DecideConfig.from_mapping(cfg, margin, str(p))
+        cfg = settings.load(path)
+    except settings.SettingsError as exc:
+        raise DecideError(str(exc)) from None
+    chosen = cfg.decide["margin"] if margin is None else margin
+    if isinstance(chosen, bool) or not isinstance(chosen, (int, float)) or not math.isfinite(chosen) or chosen <= 0:
+        raise DecideError(f"margin must be a finite number > 0, got {chosen!r}; pass e.g. --margin 1.2")
+    return DecideConfig(float(chosen), cfg)
 
 
 def branch_of(op: str, suite: str, candidate: str) -> Branch | None:
@@ -185,9 +171,11 @@ def branch_of(op: str, suite: str, candidate: str) -> Branch | None:
 
 
 def _mark_use(cell: Cell, cfg: DecideConfig) -> None:
-    """Set branch, used_for_decision and note (why a cell is reported only)."""
+    """Set branch, class, used_for_decision and note (why a cell is reported only)."""
     branch = branch_of(cell.op, cell.suite, cell.candidate_backend)
     cell.branch = branch.name if branch else None
+    cell.cls = keys.class_of_params(cell.params)
+    floor = cfg.time_floor_ms
     if branch is None:
         cell.note = f"op {cell.op} has no threshold key"
     elif cell.suite != branch.family.suite:
@@ -198,6 +186,10 @@ def _mark_use(cell: Cell, cfg: DecideConfig) -> None:
         cell.note = off
     elif cell.verdict == "skipped":
         cell.note = "skipped cells decide nothing"
+    elif cell.cls is None:
+        cell.note = "params must carry Hq and Hkv to give the cell a shape class"
+    elif cell.baseline and cell.candidate and max(cell.baseline["median_ms"], cell.candidate["median_ms"]) < floor:
+        cell.note = f"launch-bound: both sides under decide.time_floor_ms = {floor:g} ms"
     else:
         if not isinstance(cell.T, int):
             raise DecideError(f"case {cell.id}: params.T must be an integer sequence length, got "
@@ -238,20 +230,26 @@ def measured_threshold(lengths: Sequence[tuple[int, str]], margin: float,
     return adopted[0], why
 
 
-def decide_branch(branch: Branch, cells: Sequence[Cell], cfg: DecideConfig, profile: str,
-                  unavailable: str) -> dict[str, Any]:
-    """One branch's entry: lengths, measured threshold and the proposal against the current value."""
-    current, source = cfg.current(profile, branch.key)
-    used = [c for c in cells if c.branch == branch.name and c.used_for_decision]
+def _class_entry(branch: Branch, cls: str, cells: Sequence[Cell], cfg: DecideConfig, profile: str,
+                 unavailable: str) -> dict[str, Any]:
+    """One (key, class) decision: lengths, measured threshold and the proposal against the value in force."""
+    current, source = cfg.current(profile, branch.key, cls)
     by_t: dict[int, list[Cell]] = {}
-    for c in used:
+    for c in cells:
         by_t.setdefault(c.T, []).append(c)
-    lengths = [{"T": t, "verdict": length_verdict(c.verdict for c in by_t[t]), "cells": [c.id for c in by_t[t]]}
-               for t in sorted(by_t)]
-    if unavailable or not used:
-        why = unavailable or (f"no {branch.family.label} cell of op {branch.op} at the configured grid point "
-                              f"ran in suite {branch.family.suite}")
-        measured, reason = None, f"keeping {current}: {why}; no threshold can be proposed"
+    lengths = [{"T": t, "class": cls, "verdict": length_verdict(c.verdict for c in by_t[t]),
+                "cells": [c.id for c in by_t[t]]} for t in sorted(by_t)]
+    longest = max(branch.decl.nightly_lengths)
+    missing = [longest] if cells and longest not in by_t else []
+    if unavailable or not cells:
+        why = unavailable or (f"no deciding {branch.family.label} cell of op {branch.op} in class {cls} "
+                              f"(suite {branch.family.suite}, the model's grid)")
+        measured, reason = None, f"keeping {current}: {why}"
+    elif missing:
+        measured = None
+        reason = (f"keeping {current}: the run's grid does not cover the decision grid (its longest length "
+                  f"{longest} is untested in class {cls}; tested {_join(sorted(by_t))}); a smoke or partial run "
+                  "never proposes")
     else:
         measured, why = measured_threshold([(x["T"], x["verdict"]) for x in lengths], cfg.margin,
                                            branch.family.label)
@@ -262,17 +260,46 @@ def decide_branch(branch: Branch, cells: Sequence[Cell], cfg: DecideConfig, prof
         else:
             reason = f"{why}; proposing {measured} instead of {current} ({source})"
     proposed = current if measured is None else measured
+    return {"key": branch.key, "class": cls, "op": branch.op, "family": branch.family.name,
+            "candidate": branch.family.label, "suite": branch.family.suite, "current": current, "current_source": source, "measured": measured,
+            "proposed": proposed, "changed": proposed != current, "reason": reason, "lengths": lengths}
+
+
+def written_value(per_class: Mapping[str, int]) -> int | dict[str, int]:
+    """One int when every class agrees, else a mapping naming every class (the YAML form)."""
+    values = set(per_class.values())
+    return next(iter(values)) if len(values) == 1 else {c: per_class[c] for c in keys.CLASSES}
+
+
+def decide_branch(branch: Branch, cells: Sequence[Cell], cfg: DecideConfig, profile: str,
+                  unavailable: str) -> dict[str, Any]:
+    """One key's entry: a decision per class, and the value to write (int, or per-class mapping)."""
+    used = [c for c in cells if c.branch == branch.name and c.used_for_decision]
+    classes = {cls: _class_entry(branch, cls, [c for c in used if c.cls == cls], cfg, profile, unavailable)
+               for cls in keys.CLASSES}
+    current = written_value({c: e["current"] for c, e in classes.items()})
+    proposed = written_value({c: e["proposed"] for c, e in classes.items()})
+    changed = [c for c, e in classes.items() if e["changed"]]
+    decided = [c for c, e in classes.items() if e["lengths"]]
+    shown = changed or decided
+    if len(shown) == 1:
+        reason = f"{shown[0]}: {classes[shown[0]]['reason']}"
+    elif shown:
+        reason = "; ".join(f"{c}: {classes[c]['reason']}" for c in shown)
+    else:
+        reason = next(iter(classes.values()))["reason"]
     return {"key": branch.key, "op": branch.op, "family": branch.family.name, "candidate": branch.family.label,
-            "suite": branch.family.suite, "current": current, "current_source": source,
-            "measured": measured, "proposed": proposed, "changed": proposed != current,
-            "reason": reason, "lengths": lengths}
+            "suite": branch.family.suite, "current": current,
+            "current_source": f"profiles.{profile}.{branch.key} (per class: see classes)",
+            "proposed": proposed, "changed": bool(changed), "reason": reason,
+            "lengths": [x for e in classes.values() for x in e["lengths"]], "classes": classes}
 
 
 def _unavailable(family: Family, sm: str, cells: Sequence[Cell]) -> str:
     """Why `family`'s candidates did not run in its suite, or "" when they did."""
     ran = [c for c in cells if c.suite == family.suite and c.candidate_backend in family.backends]
     if sm == "cpu":
-        if family is FA2:
+        if family.name == "fa2":
             return "these results come from a CPU machine (sm = cpu) and FA-2 needs a CUDA GPU"
         return (f"these results come from a CPU machine (sm = cpu) and {family.label} thresholds need "
                 "timings on a CUDA GPU")
@@ -281,8 +308,8 @@ def _unavailable(family: Family, sm: str, cells: Sequence[Cell]) -> str:
     if ran:
         reasons = sorted({c.reason for c in ran})
         return f"every {family.label} case was skipped (" + "; ".join(reasons[:3]) + ")"
-    if family is FA2:
-        return (f"the results hold no {' or '.join(FA2_BACKENDS)} case in suite {DECISION_SUITE} "
+    if family.name == "fa2":
+        return (f"the results hold no {' or '.join(family.backends)} case in suite {family.suite} "
                 "with an sdpa baseline, so FA-2 was unavailable")
     return (f"the results hold no {' or '.join(family.backends)} case in suite {family.suite} with an sdpa "
             f"baseline, so the {family.label} kernels were not measured (run `python -m bench run --suites "
@@ -316,7 +343,7 @@ def decide(sources: Sequence[tuple[str, Mapping[str, Any]]], cfg: DecideConfig) 
     cells = [judge(b, c, cfg.margin, cfg.confidence) for b, c in pairs]
     for cell in cells:
         _mark_use(cell, cfg)
-    cells.sort(key=lambda c: (c.suite, c.op, c.candidate_backend, json.dumps(c.params, sort_keys=True)))
+    cells.sort(key=lambda c: (c.suite, c.op, c.candidate_backend, c.cls or "", json.dumps(c.params, sort_keys=True)))
     unavailable = {f.name: _unavailable(f, profile, cells) for f in FAMILIES}
     failures = [{"id": c["id"], "suite": c["suite"], "op": c["op"], "backend": c["backend"],
                  "status": c["status"], "reason": problem[1], "parity_failed": parity_failed(c)}
@@ -329,13 +356,17 @@ def decide(sources: Sequence[tuple[str, Mapping[str, Any]]], cfg: DecideConfig) 
         "margin": cfg.margin,
         "confidence": cfg.confidence,
         "bootstrap": {"resamples": stats.RESAMPLES, "seed": stats.SEED, "min_samples": stats.MIN_SAMPLES},
-        "grid": {"window": cfg.window, "cmp_block": cfg.cmp_block, "cmp_stride": cfg.cmp_stride,
-                 "sel_block": cfg.sel_block, "sel_count": cfg.sel_count},
+        "grid": dict(cfg.grid),
+        "keys": keys.describe(),
+        "classes": list(keys.CLASSES),
+        "time_floor_ms": cfg.time_floor_ms,
         "results_files": [name for name, _ in sources],
         "machine": dict(machine),
         "runs": [{"file": name, **d["run"]} for name, d in sources],
         **{f.name: {"ran": not unavailable[f.name], "reason": unavailable[f.name]} for f in FAMILIES},
-        "branches": {b.name: decide_branch(b, cells, cfg, profile, unavailable[b.family.name]) for b in BRANCHES},
+        "branches": (branches := {b.name: decide_branch(b, cells, cfg, profile, unavailable[b.family.name])
+                                  for b in BRANCHES}),
+        "decisions": [e for b in branches.values() for e in b["classes"].values()],
         "cells": [c.to_dict() for c in cells],
         "failures": failures,
         "skips": [{"id": c["id"], "reason": c["reason"]} for c in cases if c["status"] == "skipped"],
@@ -357,9 +388,17 @@ def decide_files(results_paths: Sequence[str | os.PathLike[str]], config_path: s
 
 
 def write_decision(doc: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write atomically: a temp file beside the target, then a rename (a failed write leaves the old file)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
+    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return p
 
 

@@ -90,6 +90,16 @@ class Settings:
     def grid(self) -> dict[str, int]:
         return dict(self.nsa)
 
+    def planned(self, op: str, cls: str, seq_len: int, profile: str) -> tuple[str, str]:
+        """(backend alias, why) that `auto` picks for `op` at `seq_len` in class `cls` from the
+        thresholds alone: the first key of the op whose length holds, else `sdpa`. Dispatch also
+        checks that the backend can run the actual call (dtype, head dims) before using it."""
+        for key in keys.for_op(op):
+            limit, _ = self.value(key.name, profile, cls)
+            if 0 <= limit <= seq_len:
+                return key.backend, f"{key.name}[{cls}]={limit} <= {seq_len}"
+        return "sdpa", f"no {op} key holds at {seq_len} in {cls}"
+
 
 class _Loader(yaml.SafeLoader):
     """SafeLoader that refuses merge keys and duplicate keys instead of resolving them silently."""

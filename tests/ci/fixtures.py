@@ -16,6 +16,7 @@ from ruamel.yaml import YAML
 
 from bench import results
 from ci import config_edit
+from nsa import keys
 
 TIGHT = 0.01  # +-1% uniform noise: the interval is far narrower than the margin's headroom
 NOISY = 0.5  # +-50%: the interval straddles any margin near the true speedup
@@ -87,8 +88,17 @@ def pair(op: str, params: Mapping[str, Any], speedup: float, candidate: str = "f
             case(suite, op, candidate, params, base_ms / speedup, spread, parity=parity(candidate_parity))]
 
 
-def sweep(op: str, speedups: Mapping[int, float | str], **kw: Any) -> list[dict[str, Any]]:
-    """Pairs over T; a value "noisy" means true speedup 1.2 (the margin) with +-50% noise."""
+GRID_END = max(keys.NIGHTLY_T)  # the longest length of every key's decision grid
+
+
+def sweep(op: str, speedups: Mapping[int, float | str], cover: bool = True, **kw: Any) -> list[dict[str, Any]]:
+    """Pairs over T; a value "noisy" means true speedup 1.2 (the margin) with +-50% noise.
+
+    `cover=True` extends a sweep that stops short with the decision grid's longest length at the
+    last given speedup (the last verdict continues), as a nightly run would reach it; `ci decide`
+    proposes nothing from a run that does not. `cover=False` keeps the sweep as given."""
+    if cover and speedups and GRID_END not in speedups:
+        speedups = {**speedups, GRID_END: speedups[max(speedups)]}
     make = {"sliding": sliding_params, "compressed": compressed_params, "selected": selected_params}[op]
     grid = {k: kw.pop(k) for k in ("window", "block", "stride", "sel_block", "sel_count", "B", "Hq", "Hkv", "D",
                                    "dtype") if k in kw}
@@ -115,7 +125,7 @@ def document(cases: Iterable[Mapping[str, Any]], sm: str = "sm90", method: Mappi
     return results.check(doc, "fixture")
 
 
-TRITON_OFF = {"triton_min_len_sel": -1, "triton_min_len_cmp": -1}
+TRITON_OFF = {"triton_min_len_sel": -1, "triton_min_len_cmp": -1, "triton_min_len_win": -1}
 CONFIG: dict[str, Any] = {
     "nsa": {"cmp_block": 32, "cmp_stride": 16, "sel_block": 64, "sel_count": 16, "window": 512},
     "decide": {"margin": 1.2, "confidence": 0.95},
@@ -133,9 +143,9 @@ def config(win: int = -1, cmp: int = -1, runtime: tuple[int, int] = (-1, -1), ts
 
 
 # The spec's H100 sliding picture (masked/FA-2 at w=512): adopt from 2048 up.
-WIN_ADOPT_FROM_2048 = {256: 0.44, 512: 0.62, 1024: 0.73, 2048: 1.5, 4096: 3.4, 8192: 6.75}
+WIN_ADOPT_FROM_2048 = {256: 0.44, 512: 0.62, 1024: 0.73, 2048: 1.5, 4096: 3.4, 8192: 6.75, 16384: 13.0}
 # The spec's compressed picture: FA-2 wins at short lengths only.
-CMP_SHORT_WINS = {256: 5.4, 512: 4.0, 1024: 3.0, 2048: 2.5, 8192: 0.65, 16384: 0.6}
+CMP_SHORT_WINS = {256: 5.4, 512: 4.0, 1024: 3.0, 2048: 2.5, 4096: 1.0, 8192: 0.65, 16384: 0.6}
 
 
 def golden_document() -> dict[str, Any]:
@@ -146,9 +156,9 @@ def golden_document() -> dict[str, Any]:
     cases += sweep("compressed", {256: 5.4, 1024: 3.0, 8192: 0.65})
     cases += pair("compressed", compressed_params(512), 4.0, candidate_parity=False)
     cases += sweep("sliding", {4096: 3.3}, suite="sweep")  # other suite: reported only
-    cases.append(case("fa2", "sliding", "torch_fa2", sliding_params(16384), status="skipped",
+    cases.append(case("fa2", "sliding", "torch_fa2", sliding_params(32768), status="skipped",
                       reason="torch_fa2 needs torch >= 2.6 (have 2.5.1)"))
-    cases.append(case("fa2", "sliding", "sdpa", sliding_params(16384), 16.4))
+    cases.append(case("fa2", "sliding", "sdpa", sliding_params(32768), 32.8))
     cases.append(case("fa2", "selected", "triton", sliding_params(4096), status="failed",
                       reason="triton compile error: out of shared memory"))
     # Own Triton kernels, suite triton: selected adopts from 4096, compressed wins only short.
@@ -167,7 +177,7 @@ def golden_document() -> dict[str, Any]:
 # that config from the live file instead, so a merged threshold PR never breaks its own CPU tests.
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "base.yaml"
-CONFIG_THRESHOLD_KEYS = ("fa2_min_len_win", "fa2_min_len_cmp", "triton_min_len_sel", "triton_min_len_cmp")
+CONFIG_THRESHOLD_KEYS = keys.names()
 
 
 def read_text(path: Path) -> str:

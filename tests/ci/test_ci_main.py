@@ -29,7 +29,7 @@ def test_decide_then_report(tmp_path: Path, pristine_config: Path,
     assert lines[0].startswith("win sm90.fa2_min_len_win: -1 -> 2048: ")
     assert lines[1].startswith("cmp sm90.fa2_min_len_cmp: -1 (unchanged): keeping -1")
     doc = json.loads(out.read_text(encoding="utf-8"))
-    assert doc["results_files"] == [str(res)] and doc["branches"]["win"]["proposed"] == 2048
+    assert doc["results_files"] == [str(res)] and doc["branches"]["win"]["classes"]["g4"]["proposed"] == 2048
     assert main(["report", "--decision", str(out), "--out-dir", str(tmp_path / "rep")]) == 0
     assert (tmp_path / "rep" / "report.md").is_file() and (tmp_path / "rep" / "speedup_win.png").is_file()
 
@@ -49,7 +49,7 @@ def test_margin_flag_overrides_config(tmp_path: Path, pristine_config: Path) -> 
     args = ["decide", "--results", str(res), "--config", str(pristine_config), "--out", str(out)]
     assert main([*args, "--margin", "2"]) == 0
     doc = json.loads(out.read_text(encoding="utf-8"))
-    assert doc["margin"] == 2.0 and doc["branches"]["win"]["proposed"] == -1
+    assert doc["margin"] == 2.0 and doc["branches"]["win"]["classes"]["g4"]["proposed"] == -1
 
 
 @pytest.mark.parametrize("problem", ["missing", "mixed_sm", "bad_config", "bad_json"])

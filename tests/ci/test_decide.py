@@ -26,36 +26,36 @@ def cell(doc: dict[str, Any], op: str, T: int, backend: str = "flash_attn", suit
 
 def test_clear_adopt_from_2048_is_proposed() -> None:
     doc = run(fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
-    win = doc["branches"]["win"]
+    win = doc["branches"]["win"]["classes"]["g4"]
     assert [(x["T"], x["verdict"]) for x in win["lengths"]] == [
         (256, "reject"), (512, "reject"), (1024, "reject"), (2048, "adopt"), (4096, "adopt"), (8192, "adopt")]
     assert (win["current"], win["measured"], win["proposed"], win["changed"]) == (-1, 2048, 2048, True)
     assert cell(doc, "sliding", 4096)["ci_low"] > 1.2
     assert doc["exit_code"] == 0 and doc["schema"] == "nsa-decision/1" and doc["profile"] == "sm90"
     # No compressed cells: that branch keeps its value and says why.
-    cmp = doc["branches"]["cmp"]
+    cmp = doc["branches"]["cmp"]["classes"]["g4"]
     assert cmp["changed"] is False and "no FA-2 cell of op compressed" in cmp["reason"]
 
 
 def test_measured_value_already_in_force_is_not_a_proposal() -> None:
     doc = run(fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048), fx.config(win=2048))
-    win = doc["branches"]["win"]
+    win = doc["branches"]["win"]["classes"]["g4"]
     assert (win["measured"], win["proposed"], win["changed"]) == (2048, 2048, False)
     assert "already in force" in win["reason"]
 
 
 def test_current_value_falls_back_to_runtime_without_profile() -> None:
     doc = run(fx.sweep("sliding", {1024: 3.0}), fx.config(win=4096, runtime=(8192, -1)), sm="sm89")
-    win = doc["branches"]["win"]
+    win = doc["branches"]["win"]["classes"]["g4"]
     assert (win["current"], win["current_source"]) == (8192, "runtime.fa2_min_len_win")
     assert (win["proposed"], win["changed"]) == (1024, True)
     doc = run(fx.sweep("sliding", {1024: 3.0}), fx.config(win=4096))
-    assert doc["branches"]["win"]["current_source"] == "profiles.sm90.fa2_min_len_win"
+    assert doc["branches"]["win"]["classes"]["g4"]["current_source"] == "profiles.sm90.fa2_min_len_win"
 
 
 def test_inconclusive_length_that_decides_keeps_current() -> None:
     doc = run(fx.sweep("sliding", {512: 0.5, 1024: 0.7, 2048: "noisy", 4096: 3.0, 8192: 6.0}), fx.config(win=4096))
-    win = doc["branches"]["win"]
+    win = doc["branches"]["win"]["classes"]["g4"]
     assert cell(doc, "sliding", 2048)["verdict"] == "inconclusive"
     assert (win["measured"], win["proposed"], win["changed"]) == (None, 4096, False)
     assert "keeping 4096" in win["reason"] and "2048 (inconclusive)" in win["reason"]
@@ -64,15 +64,15 @@ def test_inconclusive_length_that_decides_keeps_current() -> None:
 def test_inconclusive_below_a_reject_does_not_decide() -> None:
     doc = run(fx.sweep("sliding", {256: "noisy", 512: 0.8, 1024: 2.0, 2048: 3.0}))
     assert cell(doc, "sliding", 256)["verdict"] == "inconclusive"
-    assert doc["branches"]["win"]["proposed"] == 1024
+    assert doc["branches"]["win"]["classes"]["g4"]["proposed"] == 1024
 
 
 def test_one_inconclusive_batch_size_stops_a_length() -> None:
     cases = fx.sweep("sliding", {1024: 2.0, 2048: 3.0}) + fx.sweep("sliding", {1024: 2.0, 2048: "noisy"}, B=4)
     doc = run(cases)
-    top = doc["branches"]["win"]["lengths"][-1]
+    top = doc["branches"]["win"]["classes"]["g4"]["lengths"][-1]
     assert top["T"] == 2048 and top["verdict"] == "inconclusive" and len(top["cells"]) == 2
-    assert doc["branches"]["win"]["measured"] is None
+    assert doc["branches"]["win"]["classes"]["g4"]["measured"] is None
 
 
 def test_parity_failure_fails_the_cell_and_the_run_but_writes_everything() -> None:
@@ -83,7 +83,7 @@ def test_parity_failure_fails_the_cell_and_the_run_but_writes_everything() -> No
     assert bad["verdict"] == "failed" and "parity failed" in bad["reason"]
     assert doc["exit_code"] == decide.EXIT_PARITY
     assert [f["id"] for f in doc["failures"]] == [bad["id"]] and doc["failures"][0]["parity_failed"]
-    cmp = doc["branches"]["cmp"]
+    cmp = doc["branches"]["cmp"]["classes"]["g4"]
     assert cmp["measured"] is None and "4096 (failed)" in cmp["reason"]
 
 
@@ -109,41 +109,41 @@ def test_failed_status_without_parity_error_does_not_exit_non_zero() -> None:
     doc = run(cases)
     assert cell(doc, "sliding", 65536)["verdict"] == "failed"
     assert doc["exit_code"] == 0 and doc["failures"][0]["reason"] == "sdpa failed: CUDA out of memory"
-    assert doc["branches"]["win"]["measured"] is None  # the failed top length decides
+    assert doc["branches"]["win"]["classes"]["g4"]["measured"] is None  # the failed top length decides
 
 
 def test_every_cell_rejected_gives_minus_one() -> None:
     doc = run(fx.sweep("sliding", {1024: 0.5, 4096: 0.8, 16384: 0.9}), fx.config(win=2048))
-    win = doc["branches"]["win"]
+    win = doc["branches"]["win"]["classes"]["g4"]
     assert (win["measured"], win["proposed"], win["changed"]) == (-1, -1, True)
     assert "never cleared" in win["reason"]
-    assert run(fx.sweep("sliding", {1024: 0.5}))["branches"]["win"]["changed"] is False
+    assert run(fx.sweep("sliding", {1024: 0.5}))["branches"]["win"]["classes"]["g4"]["changed"] is False
 
 
 def test_wins_only_at_short_lengths_gives_minus_one_and_says_where() -> None:
     doc = run(fx.sweep("compressed", fx.CMP_SHORT_WINS), fx.config(cmp=1024))
-    cmp = doc["branches"]["cmp"]
+    cmp = doc["branches"]["cmp"]["classes"]["g4"]
     assert (cmp["measured"], cmp["proposed"], cmp["changed"]) == (-1, -1, True)
     assert "only at 256, 512, 1024, 2048" in cmp["reason"]
 
 
 def test_dip_in_the_middle_proposes_above_the_dip_and_reports_the_early_wins() -> None:
     doc = run(fx.sweep("sliding", {256: 2.0, 512: 1.8, 1024: 0.9, 2048: 1.6, 4096: 3.0}))
-    win = doc["branches"]["win"]
+    win = doc["branches"]["win"]["classes"]["g4"]
     assert win["proposed"] == 2048
     assert "also won at 256, 512, below the reject at 1024" in win["reason"]
 
 
 def test_single_length() -> None:
-    assert run(fx.sweep("sliding", {4096: 3.0}))["branches"]["win"]["proposed"] == 4096
-    assert run(fx.sweep("sliding", {4096: 0.5}))["branches"]["win"]["proposed"] == -1
+    assert run(fx.sweep("sliding", {4096: 3.0}))["branches"]["win"]["classes"]["g4"]["proposed"] == 4096
+    assert run(fx.sweep("sliding", {4096: 0.5}))["branches"]["win"]["classes"]["g4"]["proposed"] == -1
 
 
 def test_no_fa2_backend_keeps_current_and_says_fa2_was_unavailable() -> None:
     only_sdpa = [fx.case("fa2", "sliding", "sdpa", fx.sliding_params(t)) for t in (1024, 4096)]
     doc = run(only_sdpa, fx.config(win=4096))
     assert doc["fa2"]["ran"] is False and "no flash_attn or torch_fa2 case" in doc["fa2"]["reason"]
-    win = doc["branches"]["win"]
+    win = doc["branches"]["win"]["classes"]["g4"]
     assert (win["proposed"], win["changed"], win["measured"]) == (4096, False, None)
     assert "no threshold can be proposed" in win["reason"]
 
@@ -158,13 +158,13 @@ def test_skipped_fa2_cases_are_skipped_cells_with_their_reason() -> None:
     assert not c["used_for_decision"]
     assert doc["skips"] == [{"id": c["id"], "reason": "flash_attn is not installed"}]
     assert doc["fa2"]["ran"] is False and "flash_attn is not installed" in doc["fa2"]["reason"]
-    assert doc["branches"]["win"]["changed"] is False
+    assert doc["branches"]["win"]["classes"]["g4"]["changed"] is False
 
 
 def test_cpu_machine_never_proposes() -> None:
     doc = run(fx.sweep("sliding", {4096: 3.0}), sm="cpu")
     assert doc["fa2"]["ran"] is False and "CPU machine" in doc["fa2"]["reason"]
-    assert doc["branches"]["win"]["changed"] is False
+    assert doc["branches"]["win"]["classes"]["g4"]["changed"] is False
 
 
 def test_off_grid_other_backends_and_other_suites_are_reported_not_used() -> None:
@@ -174,8 +174,8 @@ def test_off_grid_other_backends_and_other_suites_are_reported_not_used() -> Non
     cases.append(fx.case("fa2", "sliding", "flex", fx.sliding_params(8192), 100.0))
     cases += fx.sweep("compressed", {4096: 0.5}, block=64) + fx.sweep("compressed", {4096: 3.0})
     doc = run(cases)
-    assert doc["branches"]["win"]["proposed"] == 2048
-    assert doc["branches"]["cmp"]["proposed"] == 4096
+    assert doc["branches"]["win"]["classes"]["g4"]["proposed"] == 2048
+    assert doc["branches"]["cmp"]["classes"]["g4"]["proposed"] == 4096
     used = {c["id"] for c in doc["cells"] if c["used_for_decision"]}
     assert len(used) == 3
     notes = {c["note"] for c in doc["cells"] if not c["used_for_decision"]}
@@ -187,9 +187,9 @@ def test_off_grid_other_backends_and_other_suites_are_reported_not_used() -> Non
 
 def test_margin_override_changes_the_verdict() -> None:
     cases = fx.sweep("sliding", {4096: 1.5})
-    assert run(cases)["branches"]["win"]["proposed"] == 4096
+    assert run(cases)["branches"]["win"]["classes"]["g4"]["proposed"] == 4096
     strict = run(cases, margin=2.0)
-    assert strict["margin"] == 2.0 and strict["branches"]["win"]["proposed"] == -1
+    assert strict["margin"] == 2.0 and strict["branches"]["win"]["classes"]["g4"]["proposed"] == -1
 
 
 def test_too_few_samples_are_inconclusive() -> None:
@@ -237,7 +237,7 @@ def test_results_from_two_architectures_are_refused() -> None:
 def test_shards_merge_but_a_case_twice_is_refused() -> None:
     conf = decide.DecideConfig.from_mapping(fx.config())
     a, b = fx.document(fx.sweep("sliding", {1024: 2.0})), fx.document(fx.sweep("sliding", {2048: 2.0}))
-    assert decide.decide([("a", a), ("b", b)], conf)["branches"]["win"]["proposed"] == 1024
+    assert decide.decide([("a", a), ("b", b)], conf)["branches"]["win"]["classes"]["g4"]["proposed"] == 1024
     with pytest.raises(decide.DecideError, match="case ids must be unique across results files"):
         decide.decide([("a", a), ("a2", a)], conf)
 

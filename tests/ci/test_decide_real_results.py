@@ -23,7 +23,7 @@ def test_real_h200_sweep_proposes_sliding_2048_and_keeps_compressed_off(tmp_path
     # Against the config before any adoption (every threshold -1), whatever the live file holds now.
     d = _decide(pristine_config, tmp_path / "decision.json")
     assert d["profile"] == "sm90"
-    win, cmp = d["branches"]["win"], d["branches"]["cmp"]
+    win, cmp = d["branches"]["win"]["classes"]["g4"], d["branches"]["cmp"]["classes"]["g4"]
     # 1024 is rejected in two layouts; every length from 2048 up adopts in every layout.
     assert (win["proposed"], win["changed"]) == (2048, True)
     assert (cmp["proposed"], cmp["changed"]) == (-1, False)
@@ -49,7 +49,7 @@ def test_real_h200_sweep_against_the_live_config_is_consistent(tmp_path, pristin
         assert b["current"] == current and b["measured"] == pristine["branches"][name]["measured"]
         assert b["proposed"] == (current if b["measured"] is None else b["measured"])
         assert b["changed"] == (b["proposed"] != current)
-    win = live["branches"]["win"]
+    win = live["branches"]["win"]["classes"]["g4"]
     if win["current"] == 2048:  # the live file already holds this sweep's proposal: nothing to propose
         assert (win["proposed"], win["changed"]) == (2048, False)
     else:

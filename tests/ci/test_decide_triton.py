@@ -15,7 +15,7 @@ def triton(op: str, speedups: dict[int, float | str], **kw: Any) -> list[dict[st
 
 def test_selected_adopts_from_the_first_length_that_stays_adopted() -> None:
     doc = run(triton("selected", {1024: 0.7, 2048: 1.1, 4096: 1.8, 8192: 3.0, 16384: 6.0}))
-    sel = doc["branches"]["triton_sel"]
+    sel = doc["branches"]["triton_sel"]["classes"]["g4"]
     assert [(x["T"], x["verdict"]) for x in sel["lengths"]] == [
         (1024, "reject"), (2048, "reject"), (4096, "adopt"), (8192, "adopt"), (16384, "adopt")]
     assert (sel["key"], sel["op"], sel["family"], sel["suite"]) == ("triton_min_len_sel", "selected", "triton",
@@ -25,13 +25,13 @@ def test_selected_adopts_from_the_first_length_that_stays_adopted() -> None:
     assert cell(doc, "selected", 8192, backend="triton", suite="triton")["used_for_decision"]
     assert doc["triton"] == {"ran": True, "reason": ""}
     # The FA-2 keys saw no FA-2 cell and keep their values.
-    assert not doc["branches"]["win"]["changed"] and not doc["branches"]["cmp"]["changed"]
+    assert not doc["branches"]["win"]["classes"]["g4"]["changed"] and not doc["branches"]["cmp"]["classes"]["g4"]["changed"]
     assert doc["fa2"]["ran"] is False
 
 
 def test_compressed_winner_at_short_lengths_only_gives_minus_one_and_says_where() -> None:
     doc = run(triton("compressed", fx.CMP_SHORT_WINS), fx.config(tcmp=1024))
-    tcmp = doc["branches"]["triton_cmp"]
+    tcmp = doc["branches"]["triton_cmp"]["classes"]["g4"]
     assert (tcmp["current"], tcmp["measured"], tcmp["proposed"], tcmp["changed"]) == (1024, -1, -1, True)
     assert "Triton cleared 1.2x only at 256, 512, 1024, 2048" in tcmp["reason"]
     assert "so Triton stays off for this branch" in tcmp["reason"]
@@ -39,7 +39,7 @@ def test_compressed_winner_at_short_lengths_only_gives_minus_one_and_says_where(
 
 def test_every_triton_cell_rejected_gives_minus_one() -> None:
     doc = run(triton("selected", {1024: 0.5, 16384: 0.9}), fx.config(tsel=2048))
-    sel = doc["branches"]["triton_sel"]
+    sel = doc["branches"]["triton_sel"]["classes"]["g4"]
     assert (sel["measured"], sel["proposed"], sel["changed"]) == (-1, -1, True)
     assert "Triton never cleared 1.2x" in sel["reason"]
 
@@ -47,14 +47,14 @@ def test_every_triton_cell_rejected_gives_minus_one() -> None:
 def test_inconclusive_length_that_decides_keeps_the_current_value() -> None:
     doc = run(triton("selected", {1024: 0.6, 4096: "noisy", 16384: 5.0}), fx.config(tsel=16384))
     assert cell(doc, "selected", 4096, backend="triton", suite="triton")["verdict"] == "inconclusive"
-    sel = doc["branches"]["triton_sel"]
+    sel = doc["branches"]["triton_sel"]["classes"]["g4"]
     assert (sel["measured"], sel["proposed"], sel["changed"]) == (None, 16384, False)
     assert "keeping 16384" in sel["reason"] and "4096 (inconclusive)" in sel["reason"]
 
 
 def test_every_layout_must_adopt_at_a_length() -> None:
     cases = triton("compressed", {2048: 2.0, 8192: 3.0}) + triton("compressed", {2048: 1.0, 8192: 3.0}, B=4)
-    tcmp = run(cases)["branches"]["triton_cmp"]
+    tcmp = run(cases)["branches"]["triton_cmp"]["classes"]["g4"]
     assert [(x["T"], x["verdict"], len(x["cells"])) for x in tcmp["lengths"]] == [(2048, "reject", 2),
                                                                                    (8192, "adopt", 2)]
     assert tcmp["proposed"] == 8192
@@ -67,13 +67,13 @@ def test_triton_parity_failure_fails_the_cell_and_the_run() -> None:
     doc = run(cases)
     bad = cell(doc, "selected", 4096, backend="triton", suite="triton")
     assert bad["verdict"] == "failed" and doc["exit_code"] == decide.EXIT_PARITY
-    assert doc["branches"]["triton_sel"]["measured"] is None
+    assert doc["branches"]["triton_sel"]["classes"]["g4"]["measured"] is None
 
 
 def test_both_families_decide_the_compressed_branch_independently() -> None:
     cases = fx.sweep("compressed", {1024: 3.0, 8192: 0.6}) + triton("compressed", {1024: 0.8, 8192: 2.5})
     doc = run(cases, fx.config(cmp=1024))
-    assert (doc["branches"]["cmp"]["proposed"], doc["branches"]["triton_cmp"]["proposed"]) == (-1, 8192)
+    assert (doc["branches"]["cmp"]["classes"]["g4"]["proposed"], doc["branches"]["triton_cmp"]["classes"]["g4"]["proposed"]) == (-1, 8192)
     assert {c["branch"] for c in doc["cells"]} == {"cmp", "triton_cmp"}
     assert cell(doc, "compressed", 8192, backend="flash_attn")["branch"] == "cmp"
     assert cell(doc, "compressed", 8192, backend="triton", suite="triton")["branch"] == "triton_cmp"
@@ -93,8 +93,8 @@ def test_triton_cells_elsewhere_are_reported_not_used() -> None:
     cases += fx.sweep("compressed", {8192: 0.5}, candidate="triton")  # suite fa2
     cases += fx.sweep("selected", {8192: 0.5}, candidate="naive", suite="triton")
     doc = run(cases)
-    assert doc["branches"]["triton_sel"]["proposed"] == 4096
-    assert doc["branches"]["triton_cmp"]["measured"] is None
+    assert doc["branches"]["triton_sel"]["classes"]["g4"]["proposed"] == 4096
+    assert doc["branches"]["triton_cmp"]["classes"]["g4"]["measured"] is None
     notes = sorted(c["note"] for c in doc["cells"] if not c["used_for_decision"])
     assert notes == ["l'=32, n=16 is not nsa.sel_block/sel_count 64/16",
                      "l'=64, n=8 is not nsa.sel_block/sel_count 64/16",
@@ -111,19 +111,19 @@ def test_skipped_triton_cases_keep_the_values_and_say_why() -> None:
              fx.case("triton", "selected", "triton", p, status="skipped", reason=reason)]
     doc = run(cases, fx.config(tsel=8192))
     assert doc["triton"]["ran"] is False and reason in doc["triton"]["reason"]
-    sel = doc["branches"]["triton_sel"]
+    sel = doc["branches"]["triton_sel"]["classes"]["g4"]
     assert (sel["proposed"], sel["changed"]) == (8192, False) and "no threshold can be proposed" in sel["reason"]
 
 
 def test_cpu_results_never_propose_triton_thresholds() -> None:
     doc = run(triton("selected", {4096: 3.0}), sm="cpu")
     assert doc["triton"]["ran"] is False and "CPU machine" in doc["triton"]["reason"]
-    assert doc["branches"]["triton_sel"]["changed"] is False
+    assert doc["branches"]["triton_sel"]["classes"]["g4"]["changed"] is False
 
 
 def test_fa2_only_results_keep_the_triton_keys() -> None:
     doc = run(fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
-    assert doc["branches"]["win"]["proposed"] == 2048
+    assert doc["branches"]["win"]["classes"]["g4"]["proposed"] == 2048
     for name in ("triton_sel", "triton_cmp"):
         b = doc["branches"][name]
         assert (b["current"], b["proposed"], b["changed"], b["measured"]) == (-1, -1, False, None)
@@ -134,14 +134,14 @@ def test_config_without_triton_keys_decides_them_from_minus_one() -> None:
     cfg = {**fx.CONFIG, "runtime": {"fa2_min_len_win": -1, "fa2_min_len_cmp": -1},
            "profiles": {"sm90": {"fa2_min_len_win": -1, "fa2_min_len_cmp": -1}}}
     doc = run(triton("selected", {4096: 3.0}), cfg)
-    sel = doc["branches"]["triton_sel"]
+    sel = doc["branches"]["triton_sel"]["classes"]["g4"]
     assert (sel["current"], sel["current_source"]) == (-1, "default (-1, triton_min_len_sel absent)")
     assert (sel["proposed"], sel["changed"]) == (4096, True)
 
 
 def test_profile_value_in_force_is_the_current_one() -> None:
     doc = run(triton("selected", {4096: 3.0}), fx.config(tsel=4096))
-    sel = doc["branches"]["triton_sel"]
+    sel = doc["branches"]["triton_sel"]["classes"]["g4"]
     assert (sel["current_source"], sel["changed"]) == ("profiles.sm90.triton_min_len_sel", False)
     assert "already in force" in sel["reason"]
 
