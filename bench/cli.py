@@ -23,6 +23,7 @@ from typing import Any
 from bench import results, suites
 from bench.cases import SIZES, Cell, shard
 from bench.timing import Timer
+from nsa import keys
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED_CASES = 0, 1, 2, 3
 
@@ -90,6 +91,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--triton", choices=("auto", "off"), default="auto",
                      help="nsa dispatch override: off sets every triton_* threshold to -1 for backend=auto "
                           "paths (recorded in the results)")
+    for key in keys.KEYS:  # one flag per decision key, from its one declaration
+        run.add_argument(key.flag, type=_threshold_arg, dest=key.name, metavar="N",
+                         help=f"override {key.name} (the {key.branch} branch on {key.label}) for every class "
+                              "and profile: a length, or -1 for off (recorded in the results)")
     run.add_argument("--strict", action="store_true", help="exit 3 when any case failed")
     run.add_argument("--shard", type=_shard_arg, help=argparse.SUPPRESS)
     add_timer_args(run)
@@ -147,9 +152,19 @@ def _merge(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _apply_dispatch(fa2: str, triton: str) -> None:
-    """`--fa2 off|force` and `--triton off` as nsa.dispatch overrides (`auto`: the config's values)."""
-    overrides: dict[str, bool] = {}
+def _threshold_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -2
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"a threshold must be -1 (off) or a length >= 0, got {text!r}")
+    return value
+
+
+def _apply_dispatch(fa2: str, triton: str, values: dict[str, int | None] | None = None) -> None:
+    """`--fa2 off|force`, `--triton off` and `--<key> N` as nsa.dispatch overrides (unset: the config's)."""
+    overrides: dict[str, Any] = {k: v for k, v in (values or {}).items() if v is not None}
     if fa2 != "auto":
         overrides.update({"use_fa2": False} if fa2 == "off" else {"force_fa2": True})
     if triton == "off":
@@ -187,7 +202,7 @@ def execute(cells: list[Cell], args: argparse.Namespace, *, command: str, size: 
         if n_gpus > 1:
             return _run_shards(args, command, shard_argv, gpus[:n_gpus])
     triton = getattr(args, "triton", "auto")  # the bench/ wrappers have no --triton
-    _apply_dispatch(args.fa2, triton)
+    _apply_dispatch(args.fa2, triton, {k.name: getattr(args, k.name, None) for k in keys.KEYS})
     timer = timer_from(args, size)
     opts = runner.RunOptions(device=device, timer=timer,
                              prefix=f"[shard {shard_arg[0]}/{shard_arg[1]}] " if shard_arg else "")

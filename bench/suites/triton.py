@@ -1,5 +1,5 @@
-"""The own Triton kernels against masked SDPA on the selected and compressed branches: the data
-behind `triton_min_len_sel` and `triton_min_len_cmp` (configs/base.yaml).
+"""The own Triton kernels against masked SDPA on all three branches: the data behind
+`triton_min_len_sel`, `triton_min_len_cmp` and `triton_min_len_win` (nsa/keys.py).
 
 Baseline `sdpa` (masked SDPA), candidate `triton` (nsa/backends/triton_nsa.py). Same method as
 the fa2 suite: every variant is parity-checked against an fp32 computation of the same op on the
@@ -7,8 +7,9 @@ same inputs (tolerance: 2x masked SDPA's own error + a floor) before timing, and
 a cell are timed interleaved. `selected` uses block indices from `ops.select_blocks`, computed
 once per cell outside the timed call, so both sides attend to the same real selection.
 
-Grids: nightly and full sweep the fa2 suite's lengths and layouts at the paper's l = 32, d = 16,
-l' = 64, n = 16 (the model's configuration, which `ci decide` uses), in bf16. Smoke is tiny (small
+Grids: nightly and full sweep one head layout per shape class (GQA group 1, 2, 4, 8, 16) at the
+paper's l = 32, d = 16, l' = 64, n = 16, w = 512 (the model's configuration, which `ci decide`
+uses), in bf16, from 512 tokens up. Smoke is tiny (small
 blocks too, so reported only) and fp16: on a CPU the kernels run under Triton's interpreter, about
 a second per call at T = 40, and only with TRITON_INTERPRET=1 set before the process starts;
 without it the `triton` cases are recorded as skipped with the reason. The interpreter of triton
@@ -44,12 +45,23 @@ def _with(layouts, knobs):
     return tuple({**lay, **knobs} for lay in layouts)
 
 
+# One layout per shape class (nsa.keys.class_of: GQA group size 1, 2, 4, 8, 16+), so every class
+# decides from its own cells; plus a batch of 4 in class g4.
+G2 = {"B": 1, "Hq": 16, "Hkv": 8, "Dk": 64, "Dv": 64}
+G8 = {"B": 1, "Hq": 16, "Hkv": 2, "Dk": 64, "Dv": 64}
+G16 = {"B": 1, "Hq": 32, "Hkv": 2, "Dk": 64, "Dv": 64}
+CLASS_LAYOUTS = (MHA128, G2, GQA64, G8, G16, BATCH4)
+# 256 tokens is launch-bound on every GPU measured (both sides under decide.time_floor_ms).
+CLASS_T = NIGHTLY_T[1:]
+WIN_PAPER = {"window": 512}
+
+
 def _grid(smoke: dict, paper: dict) -> dict[str, tuple]:
     return {
         "smoke": product(layout=_with((SMOKE,), smoke), T=SMOKE_T, dtype=FP16),
-        "nightly": product(layout=_with((GQA64, MHA128, BATCH4), paper), T=NIGHTLY_T, dtype=BF16),
-        "full": (product(layout=_with((GQA64, MHA128), paper), T=FULL_T, dtype=BF16)
-                 + product(layout=_with((PAPER, BATCH4), paper), T=PAPER_T, dtype=BF16)
+        "nightly": product(layout=_with(CLASS_LAYOUTS, paper), T=CLASS_T, dtype=BF16),
+        "full": (product(layout=_with(CLASS_LAYOUTS, paper), T=FULL_T, dtype=BF16)
+                 + product(layout=_with((PAPER,), paper), T=PAPER_T, dtype=BF16)
                  + product(layout=_with((GQA64,), paper), T=NIGHTLY_T, dtype=("fp16",))),
     }
 
@@ -57,6 +69,7 @@ def _grid(smoke: dict, paper: dict) -> dict[str, tuple]:
 SPECS = (
     CaseSpec("selected", VARIANTS, _grid(SEL_SMOKE, SEL_PAPER)),
     CaseSpec("compressed", VARIANTS, _grid(CMP_SMOKE, CMP_PAPER)),
+    CaseSpec("sliding", VARIANTS, _grid({"window": 32}, WIN_PAPER)),
 )
 
 
