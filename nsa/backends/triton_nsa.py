@@ -14,6 +14,11 @@ the selection scores (Eq. 9-10: probabilities summed over the group's heads, the
 selection blocks by token overlap, in fp32) and writes each `[BTQ, blocks]` tile once, never
 materialising `[T, Tc]` in HBM. Writes `[B, T, Hkv, Nb]` fp32 scores.
 
+`sliding`: the window branch, group-centric like the compressed kernel: one program per (BTQ
+queries, KV group) whose rows are every (query, head) pair, streaming the keys from the first
+query's window start to the last query with the band mask `t - w < s <= t`; any GQA ratio and
+dk != dv (the paper's 192/128, which FA-2 cannot take).
+
 `topn`: one program per score row; the spec's forced blocks and tie rule by repeated arg-max,
 no sort.
 
@@ -68,7 +73,14 @@ def unsupported_reason(call: AttnCall) -> str | None:
         return f"the triton kernels support head dims <= 256, got {q.shape[-1]}/{v.shape[-1]}"
     if call.op == "selected" and not (_pow2(call.sel_block) and call.sel_block >= 16):
         return f"the triton selection kernel needs sel_block a power of two >= 16, got {call.sel_block}"
+    if call.op == "sliding" and (call.window is None or call.window < 1):
+        return f"the triton sliding kernel needs a window >= 1, got {call.window}"
     return None
+
+
+def _empty_out(*shape: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """The kernels' output allocation, one place: tests fill it with NaN to catch unwritten elements."""
+    return torch.empty(*shape, dtype=dtype, device=device)
 
 
 def _np2(x: int, floor: int = 16) -> int:
@@ -501,6 +513,103 @@ if triton is not None:
         s = _row_scores(S + b * ssb + t * sst + h * ssh, j, NB, cur)
         _write_blocks(IDX + b * sib + t * sit + h * sih, j, _take_top(s, j, N), N, BN)
 
+    @triton.jit
+    def _win_fwd(Q, K, V, Out, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
+                 T, T_k, q_start, k_start, window, scale,
+                 HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BTQ: tl.constexpr, BN: tl.constexpr,
+                 DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr,
+                 DYN_LOOP: tl.constexpr, NT_HOST: tl.constexpr):
+        """Sliding-window attention, group-centric: one program per (BTQ queries, KV group) whose
+        BTQ * GP rows are every (query, head) pair, so each key/value tile is loaded once for all
+        heads of the group and BTQ neighbouring queries. Keys run from the first query's window
+        start (rounded down to a BN edge) to the last query; row r keeps key s iff
+        `t_r - window < s <= t_r` and s lies in the given keys `[k_start, k_start + T_k)`."""
+        M: tl.constexpr = BTQ * GP
+        pid_t = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
+        h = bh % HKV
+        rows = tl.arange(0, M)
+        offs_t = pid_t * BTQ + rows // GP
+        g = rows % GP
+        row_ok = (offs_t < T) & (g < G)
+        t_abs = q_start + offs_t
+        heads = h * G + g
+        offs_n = tl.arange(0, BN)
+        offs_dk = tl.arange(0, BDK)
+        offs_dv = tl.arange(0, BDV)
+        q = tl.load(Q + b * sqb + offs_t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
+                    mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+        t_first = q_start + pid_t * BTQ
+        t_last = q_start + tl.minimum(pid_t * BTQ + BTQ, T) - 1
+        k0 = (tl.maximum(tl.maximum(t_first - window + 1, k_start), 0) // BN) * BN
+        m_i = tl.full([M], float("-inf"), tl.float32)
+        l_i = tl.zeros([M], tl.float32)
+        acc = tl.zeros([M, BDV], tl.float32)
+        # GPU: exactly the tiles up to the last query. The interpreter needs a host-int bound
+        # (NT_HOST, enough tiles for any program); the masks keep the result exact either way.
+        for i in range(0, tl.cdiv(t_last + 1 - k0, BN) if DYN_LOOP else NT_HOST):
+            pos = k0 + i * BN + offs_n
+            in_k = (pos >= k_start) & (pos < k_start + T_k)
+            kpos = pos - k_start
+            k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
+                        mask=in_k[:, None] & (offs_dk[None, :] < DK), other=0.0)
+            if IEEE:
+                qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                qk = tl.dot(q, tl.trans(k))
+            valid = in_k[None, :] & (pos[None, :] <= t_abs[:, None]) & (pos[None, :] > t_abs[:, None] - window)
+            qk = tl.where(valid, qk * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(qk - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
+                        mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0)
+            if IEEE:
+                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(Out + b * sob + offs_t[:, None] * sot + heads[:, None] * soh + offs_dv[None, :],
+                 o.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
+
+
+def sliding(call: AttnCall) -> Tensor:
+    """Causal sliding-window attention on `_win_fwd`: query `t = q_start + i` of `q [B, Tq, Hq, dk]`
+    reads keys `max(0, t - w + 1) .. t` among the given `k/v [B, Tk, Hkv, d*]` (positions
+    `k_start ..`; decode: q_start = t and the last <= w keys) -> `[B, Tq, Hq, dv]`. Any GQA ratio;
+    a query with no visible key gets 0."""
+    return _sliding(call.q, call.k, call.v, window=call.window, scale=call.scale, q_start=call.q_start,
+                    k_start=call.k_start)
+
+
+def _sliding(q: Tensor, k: Tensor, v: Tensor, *, window: int, scale: float, q_start: int, k_start: int) -> Tensor:
+    b, tq, hq, dk = q.shape
+    hkv, dv = k.shape[2], v.shape[-1]
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    o = _empty_out(b, tq, hq, dv, dtype=q.dtype, device=q.device)
+    if tq == 0:
+        return o
+    group = hq // hkv
+    gp = triton.next_power_of_2(group)
+    rows = 16 if _interpret() else TILES["win_rows"]
+    # Rows >= 16 for tl.dot; a decode step (one query) takes one query's heads only.
+    btq = max(max(1, 16 // gp), min(max(1, rows // gp), triton.next_power_of_2(tq)))
+    bn = 16 if _interpret() else TILES["win_bn"]
+    span = min(window, q_start + tq)   # keys a query can see, so a huge window costs no empty tiles
+    nt_host = triton.cdiv(span + btq + bn - 2, bn) if _interpret() else 0
+    _win_fwd[(triton.cdiv(tq, btq), b * hkv)](
+        q, k, v, o, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        tq, k.shape[1], q_start, k_start, window, scale,
+        HKV=hkv, G=group, GP=gp, BTQ=btq, BN=bn, DK=dk, DV=dv, BDK=_np2(dk), BDV=_np2(dv),
+        IEEE=q.dtype == torch.float32, DYN_LOOP=not _interpret(), NT_HOST=nt_host, **_launch("win"))
+    return o
+
 
 def selected(call: AttnCall) -> Tensor:
     return _selected(call.q, call.k, call.v, call.block_indices, sel_block=call.sel_block, scale=call.scale,
@@ -596,6 +705,10 @@ TILES: dict[str, Any] = {
     "sel_split_rows": 1024,   # fewer (query, group) rows than this: split
     "topn_split_rows": 2048,  # fewer score rows than this (decode): two-stage top-n over chunks
     "topn_chunk": 128,        # blocks per chunk of the two-stage top-n
+    "win_rows": 64,           # sliding: (query, head) rows per program (4 queries x 16 heads), not swept
+    "win_bn": 64,             # sliding: keys per tile, not swept
+    "win_warps": 4,
+    "win_stages": 3,
 }
 
 
