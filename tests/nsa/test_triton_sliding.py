@@ -11,6 +11,7 @@ import torch
 
 from nsa import ops, reference
 from nsa.backends import AttnCall, triton_nsa
+from nsa.backends.triton_kernels import common
 from tests.nsa.helpers import qkv, rel_err
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -35,7 +36,7 @@ def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     def nan_filled(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
-    monkeypatch.setattr(triton_nsa, "_empty_out", nan_filled)
+    monkeypatch.setattr(common, "empty_out", nan_filled)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
