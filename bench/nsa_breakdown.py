@@ -4,7 +4,7 @@
     python bench/nsa_breakdown.py --T 65536 --decode-batch 8     # one decode step's stages
 
 Stages: avg compression, the Triton compressed+scores kernel, top-n (Triton, and the torch rule),
-the Triton selection kernel (alone, and with the gated-sum epilogue), sliding (FA-2), the torch
+the Triton selection kernel (alone, and with the gated-sum epilogue), sliding (FA-2, Triton), the torch
 gated sum, the whole forward as the fast suite times it; and dense causal FA-2 / cuDNN for scale. Paper layout
 (64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16 w=512), bf16, B=1.
 """
@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         "top-n (torch, select_from_scores)": lambda: select_from_scores(scores, 0, sel_block=64, sel_count=16),
         "selected attention (triton)": lambda: ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton"),
         "sliding w=512 (fa2)": lambda: ops.sliding_window_attention(q, k, v, window=512, backend="fa2"),
+        "sliding w=512 (triton band kernel)": lambda: ops.sliding_window_attention(q, k, v, window=512,
+                                                                                   backend="triton"),
         "gated sum (torch)": lambda: gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win,
         "selected + gated sum (triton)": lambda: triton_nsa.selected_gated(
             q, k, v, idx, sel_block=64, scale=128 ** -0.5, gates=gates, o_cmp=o_cmp, o_win=o_win),
@@ -141,6 +143,8 @@ def _decode(args) -> int:
                                                                      q_start=s0, k_start=t - 512),
         "sliding w=512 (triton window blocks)": lambda: triton_nsa.sliding_decode(q, kw, vw, t=s0,
                                                                                   scale=128 ** -0.5),
+        "sliding w=512 (triton band kernel)": lambda: ops.sliding_window_attention(
+            q, kw, vw, window=512, backend="triton", q_start=s0, k_start=t - 512),
         "gated sum (torch)": lambda: gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win,
         "selected + gated sum (triton, split)": lambda: triton_nsa.selected_gated(
             q, k, v, idx, sel_block=64, scale=128 ** -0.5, gates=gates, o_cmp=o_cmp, o_win=o_win, q_start=s0),

@@ -1,6 +1,6 @@
-"""Sweep the launch parameters of the own Triton kernels (nsa.backends.triton_nsa.TILES) at one T.
+"""Sweep the launch parameters of the own Triton kernels (a `Tiles` per GPU profile) at one T.
 
-    python bench/triton_tiles.py --T 65536 [--json out.json]
+    python bench/triton_tiles.py --T 65536 [--profile sm90] [--json out.json]
 
 Paper layout (64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16), bf16, B=1 (decode: one
 query at t = T - 1 for B=8 sequences, the split kernel's chunking). Every variant is
@@ -8,13 +8,17 @@ checked against the default configuration's output before it is timed (same comp
 to bf16 rounding, same scores to 1e-5 relative, same selected output), so a faster variant
 that computes something else is reported as wrong, not as a win. Timing: bench.timing (CUDA
 events, L2 flushed), one variant per measure() call, so variants are not interleaved with each
-other: read differences of a few percent as noise. TILES' tile/warp/stage and decode-split
-defaults come from this sweep; its top-n and selection split knobs were set by reasoning.
+other: read differences of a few percent as noise. Each variant is the base profile's `Tiles`
+(`--profile`, default: this GPU's) with a few fields replaced, run inside `use_tiles`; the
+`sm90` tile/warp/stage and decode-split values come from this sweep (top-n and selection split
+knobs, and the sliding kernel's, were set by reasoning until a sweep says otherwise). `win` runs
+the sliding kernel, w=512.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -30,12 +34,15 @@ def _variants() -> dict[str, list[dict]]:
             for r, bc, w, s in itertools.product((16, 32, 64), (32, 64), (1, 2, 4), (2, 3)) if w * 16 <= r]
     sel = [{"sel_warps": w, "sel_stages": s} for w, s in itertools.product((1, 2, 4), (2, 3))]
     dec = [{"split_tiles": n, "split_warps": w} for n, w in itertools.product((1, 2, 4, 8), (1, 2, 4))]
-    return {"cmp": cmp, "sel": sel, "dec": dec}
+    win = [{"win_rows": r, "win_bn": bn, "win_warps": w, "win_stages": s}
+           for r, bn, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)) if w * 16 <= r]
+    return {"cmp": cmp, "sel": sel, "dec": dec, "win": win}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--T", type=int, default=65536)
+    ap.add_argument("--profile", help="base Tiles profile (sm90, default, ...); default: this GPU's")
     ap.add_argument("--json", help="write every variant's samples (ms) here")
     args = ap.parse_args(argv)
 
@@ -53,18 +60,21 @@ def main(argv: list[str] | None = None) -> int:
     r = lambda *s: torch.randn(*s, device=dev, dtype=dt, generator=g)  # noqa: E731
     q, k, v = r(1, t, 64, 128), r(1, t, 4, 128), r(1, t, 4, 128)
     kc, vc = ops.compress_kv(k, v, block=32, stride=16)
-    default = dict(triton_nsa.TILES)
+    base = triton_nsa.tiles(args.profile or triton_nsa.profile_for(dev))
 
     def cmp():
         return triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5)
 
-    o_ref, s_ref = cmp()
-    idx = triton_nsa.topn(s_ref, 0, sel_block=64, sel_count=16)
+    with triton_nsa.use_tiles(base):   # references from the base profile, whatever this GPU's is
+        o_ref, s_ref = cmp()
+        idx = triton_nsa.topn(s_ref, 0, sel_block=64, sel_count=16)
 
     def sel():
         return ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton")
 
-    sel_ref = sel()
+    def win():
+        return ops.sliding_window_attention(q, k, v, window=512, backend="triton")
+
     # Decode: one query per sequence at t = T - 1, B = 8, over the same compressed keys.
     qd = r(8, 1, 64, 128)
     kcd, vcd = kc.expand(8, -1, -1, -1).contiguous(), vc.expand(8, -1, -1, -1).contiguous()
@@ -73,30 +83,28 @@ def main(argv: list[str] | None = None) -> int:
         return triton_nsa.compressed_and_scores(qd, kcd, vcd, block=32, stride=16, sel_block=64, scale=128 ** -0.5,
                                                 q_start=t - 1)
 
-    refs = {"cmp": (o_ref, s_ref), "sel": sel_ref, "dec": dec()}
+    with triton_nsa.use_tiles(base):
+        refs = {"cmp": (o_ref, s_ref), "sel": sel(), "dec": dec(), "win": win()}
     timer = Timer(warmup_ms=25, rep_ms=200, min_rep=5, max_rep=20)
-    report: dict[str, list[dict]] = {"cmp": [], "sel": [], "dec": []}
-    for kind, fn in (("cmp", cmp), ("sel", sel), ("dec", dec)):
+    report: dict[str, list[dict]] = {"cmp": [], "sel": [], "dec": [], "win": []}
+    for kind, fn in (("cmp", cmp), ("sel", sel), ("dec", dec), ("win", win)):
         for var in _variants()[kind]:
-            triton_nsa.TILES.clear()
-            triton_nsa.TILES.update({**default, **var})
             row: dict = {"tiles": var}
             try:
-                out = fn()
-                if kind in ("cmp", "dec"):
-                    ok = (torch.allclose(out[0].float(), refs[kind][0].float(), rtol=2e-2, atol=2e-2)
-                          and torch.allclose(out[1], refs[kind][1], rtol=1e-5, atol=1e-6))
-                else:
-                    ok = torch.allclose(out.float(), sel_ref.float(), rtol=2e-2, atol=2e-2)
-                row["matches_default"] = bool(ok)
-                samples = measure({"v": fn}, timer)["v"]
+                with triton_nsa.use_tiles(dataclasses.replace(base, **var)):
+                    out = fn()
+                    if kind in ("cmp", "dec"):
+                        ok = (torch.allclose(out[0].float(), refs[kind][0].float(), rtol=2e-2, atol=2e-2)
+                              and torch.allclose(out[1], refs[kind][1], rtol=1e-5, atol=1e-6))
+                    else:
+                        ok = torch.allclose(out.float(), refs[kind].float(), rtol=2e-2, atol=2e-2)
+                    row["matches_default"] = bool(ok)
+                    samples = measure({"v": fn}, timer)["v"]
                 row["median_ms"], row["samples_ms"] = statistics.median(samples), samples
             except Exception as exc:  # noqa: BLE001 - a variant that cannot compile is a result
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             report[kind].append(row)
             print(kind, var, row.get("median_ms", row.get("error")), row.get("matches_default", ""), flush=True)
-    triton_nsa.TILES.clear()
-    triton_nsa.TILES.update(default)
     for kind, rows in report.items():
         good = [x for x in rows if x.get("matches_default") and "median_ms" in x]
         if good:
@@ -104,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"best {kind}: {best['tiles']} {best['median_ms']:.3f} ms")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"T": t, "gpu": torch.cuda.get_device_name(), "defaults": default, **report}, fh, indent=1)
+            json.dump({"T": t, "gpu": torch.cuda.get_device_name(), "profile": args.profile or triton_nsa.profile_for(dev),
+                       "defaults": dataclasses.asdict(base), **report}, fh, indent=1)
     return 0
 
 

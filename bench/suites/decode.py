@@ -21,7 +21,9 @@ The attention part is what the prefill benches (and the paper's Figure 6) time.
 Dense baselines (op `dense`, same cell params): the step's query (`project(x_t)` at t = S - 1)
 attending to every one of the S raw keys of the selection branch's cache (the K/V the NSA step
 gathers from), no mask (every cached key is `<= t`), through SDPA restricted to its flash backend
-(`sdpa_flash`, the baseline) or cuDNN (`sdpa_cudnn`). The dense call is attention only:
+(`sdpa_flash`, the baseline) or cuDNN (`sdpa_cudnn`), and FlashAttention-3's kvcache kernel (`fa3`,
+the optional `fa3-fwd` wheel, bench/dense_fa3.py; `skipped` with the reason where it is not
+installed or cannot take the call: bf16 and CUDA only). The dense call is attention only:
 `dense_speedups` and `write_csv` pair it by params with both NSA parts, fastest dense / step
 (projections included) and fastest dense / attend (attention against attention).
 
@@ -46,10 +48,10 @@ from typing import Any
 from bench.cases import CaseSpec, Cell, Variant, Workload, product
 
 BRANCHES = ("cmp", "sel", "win")
-DENSE = ("sdpa_flash", "sdpa_cudnn")
+DENSE = ("sdpa_flash", "sdpa_cudnn", "fa3")
 # Step variants first (their case ids predate the attend ones), then the attention-only part.
 VARIANTS = (Variant("sdpa_flash", "baseline", op="dense"), Variant("sdpa_cudnn", op="dense"),
-            Variant("auto", "candidate", (("branches", "all"),))) + tuple(
+            Variant("fa3", op="dense"), Variant("auto", "candidate", (("branches", "all"),))) + tuple(
     Variant("auto", "candidate", (("branches", b),)) for b in BRANCHES) + tuple(
     Variant("auto", "candidate", (("branches", b), ("part", "attend"))) for b in ("all", *BRANCHES))
 NSA_BACKENDS = ("auto", "triton")
@@ -74,7 +76,7 @@ SPECS = (CaseSpec("nsa_decode", VARIANTS, {
 CSV_COLUMNS = ("S", "ms_total", "ms_cmp", "ms_sel", "ms_win", "reads_actual", "reads_expected")
 LAYOUT_COLUMNS = ("B", "Hq", "Hkv", "Dk", "Dv", "dtype")
 # speedup_vs_dense: fastest dense / whole step; speedup_attend_vs_dense: fastest dense / decode_attend.
-EXTRA_COLUMNS = ("nsa_backend", "cuda_graph", "ms_dense_flash", "ms_dense_cudnn", "speedup_vs_dense",
+EXTRA_COLUMNS = ("nsa_backend", "cuda_graph", "ms_dense_flash", "ms_dense_cudnn", "ms_dense_fa3", "speedup_vs_dense",
                  "ms_attend", "ms_attend_cmp", "ms_attend_sel", "ms_attend_win", "speedup_attend_vs_dense")
 # Tokens projected at a time while building a cache (bounds the fp32 RoPE temporaries of q).
 FILL_CHUNK = 4096
@@ -226,10 +228,11 @@ def capture_attend(attn, q_t, gates_t, cache, branches: tuple[str, ...]) -> Call
     return replay
 
 
-def _attempt(work: Workload, key: str, fn: Callable[[], Any], device, *, sdpa: bool) -> bool:
+def _attempt(work: Workload, key: str, fn: Callable[[], Any], device, *, sdpa: bool,
+             who: str = "SDPA backend") -> bool:
     """Run `fn` once (compiles, allocates); True when it ran. Otherwise file the reason: out of
     memory, or a backend that cannot take the call (an nsa `BackendError`, or with `sdpa` any
-    RuntimeError of SDPA restricted to one backend), is `skipped`; anything else `failed`."""
+    RuntimeError of the dense kernel `who`), is `skipped`; anything else `failed`."""
     from bench.runner import is_oom, release, why
     from nsa.backends import BackendError
 
@@ -242,8 +245,9 @@ def _attempt(work: Workload, key: str, fn: Callable[[], Any], device, *, sdpa: b
         elif isinstance(exc, BackendError):
             work.reasons[key] = f"the nsa backend cannot run here: {why(exc)}"
         elif sdpa and isinstance(exc, RuntimeError):
-            # "No available kernel", cuDNN absent or shape unsupported: not this variant's fault.
-            work.reasons[key] = f"SDPA backend cannot run this call: {why(exc)}"
+            # "No available kernel", cuDNN absent or shape unsupported, FA-3 off Hopper: not this
+            # variant's fault.
+            work.reasons[key] = f"{who} cannot run this call: {why(exc)}"
         else:
             work.failures[key] = f"first call raised {why(exc)}"
         return False
@@ -269,6 +273,23 @@ def _dense_variant(work: Workload, key: str, q, k, v, backend: Any, scale: float
             return
         work.extra[key]["gqa"] = f"K/V repeated to {q.shape[2]} heads (native GQA: {first})"
     work.fns[key] = fn
+
+
+def _fa3_variant(work: Workload, key: str, q, k, v, scale: float, device) -> None:
+    """Dense decode on FA-3's kvcache kernel over the same S cached tokens (native GQA, nothing
+    appended), or `skipped` with the reason it cannot run."""
+    from bench import dense_fa3
+
+    work.backends[key] = dense_fa3.NAME
+    work.extra[key] = {"gqa": "native" if q.shape[2] != k.shape[2] else "none (MHA)", "reads": {"total": k.shape[1]}}
+    why_not = dense_fa3.reason(q, k, v)
+    if why_not is not None:
+        work.reasons[key] = why_not
+        return
+    fa3, lengths = dense_fa3.load(), dense_fa3.cache_lengths(k)
+    fn = lambda: dense_fa3.decode(fa3, q, k, v, lengths, scale)  # noqa: E731
+    if _attempt(work, key, fn, device, sdpa=True, who="FA-3"):
+        work.fns[key] = fn
 
 
 def _branches(v: Variant) -> tuple[str, ...]:
@@ -363,6 +384,9 @@ def _populate(work: Workload, cell: Cell, device, backend: str, steps: dict[str,
     q_t, _, gates_t = attn.project(x_t, start=S - 1)
     for v in cell.variants:
         key = v.key
+        if v.op == "dense" and v.backend == "fa3":
+            _fa3_variant(work, key, q_t, k_all, v_all, config.softmax_scale, device)
+            continue
         if v.op == "dense":
             _dense_variant(work, key, q_t, k_all, v_all, _sdpa_backend(v.backend), config.softmax_scale, device)
             continue
@@ -477,7 +501,8 @@ def write_csv(cases: Iterable[dict[str, Any]], path: str | Path) -> int:
     for key, found in dense_speedups(cases).items():
         if key in rows:
             for name, column in (("sdpa_flash", "ms_dense_flash"), ("sdpa_cudnn", "ms_dense_cudnn"),
-                                 ("speedup", "speedup_vs_dense"), ("speedup_attend", "speedup_attend_vs_dense")):
+                                 ("fa3", "ms_dense_fa3"), ("speedup", "speedup_vs_dense"),
+                                 ("speedup_attend", "speedup_attend_vs_dense")):
                 if name in found:
                     rows[key][column] = f"{found[name]:.6g}"
     out = Path(path)

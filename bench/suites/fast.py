@@ -4,7 +4,8 @@ Cells (paper layout: 64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16 w=512, s
 - `nsa_prefill`: NSA attention forward, projections excluded (avg compression, fused Triton
   compressed-attention + selection scores, Triton top-n, sliding through FA-2 (torch's or
   flash-attn) on CUDA, Triton selection kernel whose epilogue forms the gated sum), against dense causal SDPA restricted
-  to its flash (FA-2) and cuDNN backends.
+  to its flash (FA-2) and cuDNN backends, and FlashAttention-3 (`fa3`, optional `fa3-fwd` wheel,
+  `skipped` with the reason where absent or unsupported).
 - `selected`: the Triton selection kernel alone (blocks chosen by the real scores, outside the
   timed call) against the same dense baselines.
 No parity here: NSA is not dense attention; tests/nsa/test_triton.py checks every kernel against
@@ -16,9 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from bench.cases import CaseSpec, Cell, Variant, Workload, product
-from bench.suites.prefill import NSA, PAPER, _dense_variant, _probe
+from bench.suites.prefill import NSA, PAPER, _dense_variant, _fa3_variant, _probe
 
-DENSE = (Variant("sdpa_flash", "baseline", op="dense"), Variant("sdpa_cudnn", op="dense"))
+DENSE = (Variant("sdpa_flash", "baseline", op="dense"), Variant("sdpa_cudnn", op="dense"),
+         Variant("fa3", op="dense"))
 SMALL = {"B": 1, "Hq": 8, "Hkv": 2, "Dk": 32, "Dv": 32, **NSA}
 PAPER_192 = {**PAPER, "Dk": 192}
 SIZES = {
@@ -32,18 +34,22 @@ SEL_SIZES = {size: tuple({**params, "part": "sel"} for params in grid) for size,
 # The sliding branch on FlexAttention instead of FA-2 (the faster of the two on the H200's fa2
 # sweep above 2k tokens); its own case id, so both whole-NSA timings sit in one cell.
 FLEX_WIN = Variant("triton", "candidate", (("win", "flex"),))
+# Every branch on the own Triton kernels, the sliding one included (its band kernel).
+TRITON_WIN = Variant("triton", "candidate", (("win", "triton"),))
 SPECS = (
-    CaseSpec("nsa_prefill", (*DENSE, Variant("triton", "candidate"), FLEX_WIN), SIZES),
+    CaseSpec("nsa_prefill", (*DENSE, Variant("triton", "candidate"), FLEX_WIN, TRITON_WIN), SIZES),
     CaseSpec("selected", (*DENSE, Variant("triton", "candidate")), SEL_SIZES),
 )
 
 
 def default_win_backend(q, kv: dict[str, tuple[Any, Any]]) -> str:
-    """FA-2 for the sliding branch where it can run (CUDA, fp16/bf16, dk == dv), else masked SDPA."""
+    """FA-2 for the sliding branch where it can run (CUDA, fp16/bf16, dk == dv); on CUDA otherwise
+    (the paper's dk=192 / dv=128) the own Triton band kernel, rather than masked SDPA's T x T mask;
+    masked SDPA on a CPU."""
     import torch
 
     fa2_ok = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] == kv["win"][1].shape[-1]
-    return "fa2" if fa2_ok else "sdpa"
+    return "fa2" if fa2_ok else ("triton" if q.is_cuda else "sdpa")
 
 
 def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any], win_backend: str | None = None):
@@ -85,6 +91,9 @@ def build(cell: Cell, device) -> Workload:
     for v in cell.variants:
         if v.backend in dense:
             _dense_variant(work, v.key, q, *kv["sel"], dense[v.backend], device)
+            continue
+        if v.backend == "fa3":
+            _fa3_variant(work, v.key, q, *kv["sel"], device)
             continue
         work.backends[v.key] = "triton"
         if cell.op == "nsa_prefill":

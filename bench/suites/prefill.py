@@ -1,7 +1,9 @@
 """Whole NSA attention (projections excluded) against dense causal attention, prefill.
 
 Dense baselines: SDPA restricted to the flash backend (`sdpa_flash`, torch's FA-2) and to the
-cuDNN backend (`sdpa_cudnn`), causal, GQA. NSA: the three branches through the public ops with
+cuDNN backend (`sdpa_cudnn`), causal, GQA; FlashAttention-3 (`fa3`, the optional `fa3-fwd` wheel:
+bench/dense_fa3.py), `skipped` with the reason where it is not installed or cannot take the call
+(bf16 only, CUDA, its head dims). NSA: the three branches through the public ops with
 `backend="auto"` (nsa.dispatch picks per branch; the case's `backend` names what ran, e.g.
 `sdpa` or `cmp:torch_fa2+sel:sdpa+win:torch_fa2`, and `branch_backends` lists it), gates =
 sigmoid of random logits, gated sum. `kv="separate"` (the paper's three K/V pairs). No parity:
@@ -17,7 +19,7 @@ from bench.cases import CaseSpec, Cell, Variant, Workload, product
 from bench.suites.fa2 import SMOKE
 
 VARIANTS = (Variant("sdpa_flash", "baseline", op="dense"), Variant("sdpa_cudnn", op="dense"),
-            Variant("auto", "candidate"))
+            Variant("fa3", op="dense"), Variant("auto", "candidate"))
 NSA = {"block": 32, "stride": 16, "sel_block": 64, "sel_count": 16, "window": 512, "kv": "separate"}
 PAPER = {"B": 1, "Hq": 64, "Hkv": 4, "Dk": 128, "Dv": 128, **NSA}
 MHA16 = {"B": 1, "Hq": 16, "Hkv": 16, "Dk": 128, "Dv": 128, **NSA}
@@ -71,6 +73,20 @@ def _dense_variant(work: Workload, key: str, q, k, v, backend: Any, device) -> N
                                   if key not in work.reasons else "unsupported, native or with K/V repeated")
 
 
+def _fa3_variant(work: Workload, key: str, q, k, v, device) -> None:
+    """Dense causal FA-3 (native GQA, `[B, T, H, D]` as is), or `skipped` with the reason it cannot run."""
+    from bench import dense_fa3
+
+    work.backends[key] = dense_fa3.NAME
+    work.extra[key] = {"gqa": "native" if q.shape[2] != k.shape[2] else "none (MHA)"}
+    why_not = dense_fa3.reason(q, k, v)
+    if why_not is not None:
+        work.reasons[key] = why_not
+        return
+    fa3 = dense_fa3.load()
+    _probe(work, key, lambda: dense_fa3.prefill(fa3, q, k, v), device, unsupported_ok=True, who="FA-3")
+
+
 def _label(choices: list[dict[str, Any]]) -> tuple[str, dict[str, str]]:
     by_op = {c["op"]: c["backend"] for c in choices}
     # Selection in a prefill goes through selected_attention's dispatch too; an op missing from
@@ -103,6 +119,8 @@ def build(cell: Cell, device) -> Workload:
         key = v.key
         if v.backend in dense:
             _dense_variant(work, key, q, *kv["win"], dense[v.backend], device)
+        elif v.backend == "fa3":
+            _fa3_variant(work, key, q, *kv["win"], device)
         else:
             fn = lambda: _nsa_attention_only(q, kv, gates, p)  # noqa: E731
             with dispatch.recording() as choices:
@@ -112,8 +130,9 @@ def build(cell: Cell, device) -> Workload:
     return work
 
 
-def _probe(work: Workload, key: str, fn, device, *, unsupported_ok: bool) -> None:
-    """Run once (compiles, allocates); file `fn` under fns, reasons (skipped) or failures."""
+def _probe(work: Workload, key: str, fn, device, *, unsupported_ok: bool, who: str = "SDPA backend") -> None:
+    """Run once (compiles, allocates); file `fn` under fns, reasons (skipped) or failures. With
+    `unsupported_ok`, a RuntimeError means the dense kernel (`who`) cannot take this call here."""
     from bench.runner import is_oom, release, why
 
     try:
@@ -124,8 +143,9 @@ def _probe(work: Workload, key: str, fn, device, *, unsupported_ok: bool) -> Non
             release(device.type)
         elif unsupported_ok and isinstance(exc, RuntimeError):
             # SDPA restricted to one backend raises when that backend cannot take the call
-            # ("No available kernel", cuDNN absent or shape unsupported): not this variant's fault.
-            work.reasons[key] = f"SDPA backend cannot run this call: {why(exc)}"
+            # ("No available kernel", cuDNN absent or shape unsupported), FA-3 off Hopper: not this
+            # variant's fault.
+            work.reasons[key] = f"{who} cannot run this call: {why(exc)}"
         else:
             work.failures[key] = f"first call raised {why(exc)}"
         return

@@ -154,7 +154,7 @@ def test_decode_attend_variants_are_the_attention_part_of_the_step(monkeypatch, 
     monkeypatch.setattr(decode, "_module", lambda p, device, dtype: made.append(real(p, device, dtype)) or made[-1])
     work = decode.build(_cell(S=100, nsa_backend=nsa_backend), CPU)
     [(attn, _)] = made
-    assert not work.failures and set(work.reasons) == {"sdpa_cudnn"}, (work.failures, work.reasons)
+    assert not work.failures and set(work.reasons) == {"sdpa_cudnn", "fa3"}, (work.failures, work.reasons)
     for b in SETS:
         step, attend = f"auto:branches={b}", f"auto:branches={b}:part=attend"
         assert work.extra[attend]["reads"] == work.extra[step]["reads"]
@@ -170,7 +170,7 @@ def test_decode_attend_variants_are_the_attention_part_of_the_step(monkeypatch, 
 def test_step_case_ids_are_kept_and_attend_ids_are_new():
     cell = _cell(S=100)
     ids = {v.key: cell.case_id(v) for v in cell.variants}
-    assert len(set(ids.values())) == len(ids) == len(decode.VARIANTS) == 10
+    assert len(set(ids.values())) == len(ids) == len(decode.VARIANTS) == 11
     for b in SETS:
         step, attend = ids[f"auto:branches={b}"], ids[f"auto:branches={b}:part=attend"]
         assert step == f"decode/nsa_decode/auto/B2-T100-Hq4-Hkv2-D32-w24-l16-d8-ls16-n3-branches{b}-dim64-fp32"
@@ -307,4 +307,4 @@ def test_out_of_memory_while_building_skips_every_case_and_keeps_the_file_valid(
     monkeypatch.setattr(decode, "fill_cache", oom)
     cases = _run([_cell(S=100)])
     assert all(c["status"] == "skipped" and "out of memory while building" in c["reason"] for c in cases)
-    assert {c["backend"] for c in cases} == {"sdpa_flash", "sdpa_cudnn", "sdpa"}
+    assert {c["backend"] for c in cases} == {"sdpa_flash", "sdpa_cudnn", "fa3", "sdpa"}

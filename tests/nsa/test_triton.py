@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 
 from nsa import NSAAttention, NSAConfig, ops, reference
 from nsa.backends import triton_nsa
+from nsa.backends.triton_kernels import compressed as triton_cmp
 from nsa.selection import compressed_probs, overlap_weights
 from tests.nsa.helpers import qkv, rand, rel_err
 
@@ -21,13 +24,24 @@ SHAPES = [(1, 37, 4, 4, 16, 16), (2, 70, 8, 2, 16, 8), (1, 45, 16, 1, 32, 16)]
 IDS = [f"B{s[0]}-T{s[1]}-Hq{s[2]}-Hkv{s[3]}-dk{s[4]}-dv{s[5]}" for s in SHAPES]
 
 
+@pytest.fixture
+def tiles():
+    """`tiles(field=value, ...)`: launch parameters changed for this test only, on top of the device's
+    profile (triton_nsa.use_tiles, undone at teardown)."""
+    with contextlib.ExitStack() as stack:
+        def override(**changes):
+            base = triton_nsa.current_tiles(DEV)
+            stack.enter_context(triton_nsa.use_tiles(dataclasses.replace(base, **changes)))
+        yield override
+
+
 @pytest.mark.parametrize("split", [1, 2, 4], ids=["one-program", "split2", "split4"])
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-def test_triton_selected_matches_oracle(shape, split, seed, monkeypatch):
+def test_triton_selected_matches_oracle(shape, split, seed, tiles):
     """One program per (query, group), or the blocks split over 2 or 4 programs and combined
     (decode's path; 3 blocks over 2 programs leaves one slot empty)."""
-    monkeypatch.setitem(triton_nsa.TILES, "sel_split", split)
-    monkeypatch.setitem(triton_nsa.TILES, "sel_split_rows", 10 ** 9)
+    tiles(sel_split=split)
+    tiles(sel_split_rows=10 ** 9)
     q, k, v = qkv(*shape, device=DEV)
     kc, _ = ops.compress_kv(k, v, block=8, stride=4)
     idx = ops.select_blocks(q, kc, block=8, stride=4, sel_block=16, sel_count=3)
@@ -48,10 +62,10 @@ def _score_ref(q, kc, t, nb, shape, scale, block=8, stride=4, sel_block=16):
 
 @pytest.mark.parametrize("carry", [True, False], ids=["carry", "read-modify-write"])
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-def test_triton_score_layouts_agree(shape, carry, seed, monkeypatch):
+def test_triton_score_layouts_agree(shape, carry, seed, tiles):
     """Scores carried in registers across tiles or read-modify-written give the oracle's scores
     (the shapes cover both block maps: G=1 takes the fp32 dot, G=4/16 the broadcast-sum)."""
-    monkeypatch.setitem(triton_nsa.TILES, "score_carry", carry)
+    tiles(score_carry=carry)
     q, k, v = qkv(*shape, device=DEV)
     kc, vc = ops.compress_kv(k, v, block=8, stride=4)
     scale = shape[4] ** -0.5
@@ -126,14 +140,14 @@ def test_interpreter_flag_is_what_cpu_runs_use():
 
 @pytest.mark.parametrize("two_stage", [False, True], ids=["one-pass", "chunks+merge"])
 @pytest.mark.parametrize("q_start", [0, 40])
-def test_triton_topn_matches_select_topn(q_start, two_stage, seed, monkeypatch):
+def test_triton_topn_matches_select_topn(q_start, two_stage, seed, tiles):
     """Same blocks as the PyTorch rule, including ties (scores drawn from a few values), rows with
     fewer candidates than n (-1 padding) and a decode-like q_start; also the few-rows path that
     splits each row over chunks of 4 blocks and merges the chunks' candidates."""
     from nsa.selection import select_topn
 
-    monkeypatch.setitem(triton_nsa.TILES, "topn_split_rows", 10 ** 9 if two_stage else 0)
-    monkeypatch.setitem(triton_nsa.TILES, "topn_chunk", 4)
+    tiles(topn_split_rows=10 ** 9 if two_stage else 0)
+    tiles(topn_chunk=4)
 
     b, tq, hkv, sel_block, n = 2, 29, 3, 4, 5
     nb = (q_start + tq - 1) // sel_block + 1
@@ -147,7 +161,7 @@ def test_triton_topn_matches_select_topn(q_start, two_stage, seed, monkeypatch):
 
 
 @pytest.mark.parametrize("shape", SHAPES[1:], ids=IDS[1:])
-def test_triton_split_decode_matches_prefill_rows(shape, seed, monkeypatch):
+def test_triton_split_decode_matches_prefill_rows(shape, seed, monkeypatch, tiles):
     """Decode splits the compressed keys over chunks (flash-decoding) when the queries fit one
     tile: same output as the oracle and the same score rows as the one-tile kernel (chunks of
     16 compressed keys here, so 2-3 chunks with a spill after each). GQA 1 pads its tile to 16
@@ -159,10 +173,10 @@ def test_triton_split_decode_matches_prefill_rows(shape, seed, monkeypatch):
     scale = dk ** -0.5
     full_o, full_s = triton_nsa.compressed_and_scores(q, kc, vc, block=8, stride=4, sel_block=16, scale=scale)
     ref = reference.compressed_attention(q, kc, vc, block=8, stride=4)
-    monkeypatch.setitem(triton_nsa.TILES, "split_tiles", 1)
+    tiles(split_tiles=1)
     calls = []
-    real = triton_nsa._compressed_split
-    monkeypatch.setattr(triton_nsa, "_compressed_split", lambda *a, **kw: calls.append(kw["n_split"]) or real(*a, **kw))
+    real = triton_cmp._compressed_split
+    monkeypatch.setattr(triton_cmp, "_compressed_split", lambda *a, **kw: calls.append(kw["n_split"]) or real(*a, **kw))
     # 149: 36 visible compressed keys, 3 chunks; 132: 32, exactly 2 chunks, so the last chunk's
     # spill lands in a block < Nb and must be added; 70: 16, one chunk (the one-tile kernel).
     for start in (t - 1, 132, 70):
@@ -174,12 +188,12 @@ def test_triton_split_decode_matches_prefill_rows(shape, seed, monkeypatch):
 
 
 @pytest.mark.parametrize("split", [1, 4], ids=["one-program", "split4"])
-def test_triton_selected_gated_is_the_gated_sum(split, seed, monkeypatch):
+def test_triton_selected_gated_is_the_gated_sum(split, seed, tiles):
     """The selection kernel's gated epilogue (and the split combine's) equals the gated sum of
     the three branch outputs computed apart; the window-through-selection decode path equals
     the sliding op."""
-    monkeypatch.setitem(triton_nsa.TILES, "sel_split", split)
-    monkeypatch.setitem(triton_nsa.TILES, "sel_split_rows", 10 ** 9)
+    tiles(sel_split=split)
+    tiles(sel_split_rows=10 ** 9)
     q, k, v = qkv(2, 45, 8, 2, 16, 16, device=DEV)
     kc, vc = ops.compress_kv(k, v, block=8, stride=4)
     idx = ops.select_blocks(q, kc, block=8, stride=4, sel_block=16, sel_count=3)

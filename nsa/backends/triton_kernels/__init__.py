@@ -1,0 +1,14 @@
+"""The own Triton kernels of the `triton` backend, one module per kernel family (forward only).
+
+    tiles        launch parameters per GPU profile (no triton import)
+    common       host helpers shared by the families
+    selection    group-centric selected attention (paper Fig. 3), its gated epilogue, decode split
+    cmp_tile     one compressed tile's work: logits, p @ Vc, the Eq. 9-10 block scores
+    compressed   compressed attention + selection scores (prefill kernel, decode split kernel)
+    topn         top-n block indices (one pass, or chunks + merge for decode)
+    sliding      sliding-window attention (band kernel) and decode's window through `selection`
+
+Each family's host function takes its `Tiles` explicitly; `nsa.backends.triton_nsa` (the backend
+module) validates inputs, looks the tiles up from the device and re-exports the public names.
+Kernels are defined at import, so Triton's interpreter must be chosen (TRITON_INTERPRET=1) before.
+"""

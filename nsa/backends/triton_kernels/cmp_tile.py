@@ -1,0 +1,76 @@
+"""One compressed tile's work, shared by the prefill and decode compressed kernels: the logits,
+the second pass's `p` and `p @ Vc`, and the selection scores (Eq. 9-10: probabilities summed
+over the group's heads, mapped to selection blocks by token overlap, in fp32)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale,
+                BC: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, IEEE: tl.constexpr):
+    """Scaled Q·Kc logits of one compressed tile `[c0, c0 + BC)`; -inf where invisible."""
+    offs_c = c0 + tl.arange(0, BC)
+    offs_dk = tl.arange(0, BDK)
+    kc = tl.load(KC + kc_base + offs_c[:, None] * skt + offs_dk[None, :],
+                 mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
+    if IEEE:
+        qk = tl.dot(q, tl.trans(kc), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(kc))
+    return tl.where(offs_c[None, :] < nvis[:, None], qk * scale, float("-inf"))
+
+
+@triton.jit
+def _group_scores(ps, offs_c, jb, NBW: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
+                  SEL: tl.constexpr, MODE: tl.constexpr):
+    """Eq. 9 for one compressed tile: `ps [BTQ, BC]` (probabilities summed over the group's
+    heads, Eq. 10) -> group scores of selection blocks `jb + [0, NBW)`, `[BTQ, NBW]` fp32.
+    w[i, j] = tokens shared by compressed token i `[i*D, i*D+L)` and block j
+    `[j*SEL, (j+1)*SEL)`. MODE 0: broadcast-sum (BTQ < 16); 1: fp32 dot (BTQ, NBW >= 16).
+    Both full fp32: ranks must not move with rounding (a 3xTF32 tensor-core variant was about
+    2x slower on the H100, bench/triton_tiles.py at 32k)."""
+    offs_j = jb + tl.arange(0, NBW)
+    lo = tl.maximum(offs_c[:, None] * D, offs_j[None, :] * SEL)
+    hi = tl.minimum(offs_c[:, None] * D + L, (offs_j[None, :] + 1) * SEL)
+    w = tl.maximum(hi - lo, 0).to(tl.float32)
+    if MODE == 1:
+        return tl.dot(ps, w, input_precision="ieee")
+    return tl.sum(ps[:, :, None] * w[None, :, :], 1)
+
+
+@triton.jit
+def _pv_tile(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, scale, m_safe, inv_l, acc,
+             BC: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, DV: tl.constexpr,
+             IEEE: tl.constexpr):
+    """Second-pass work of one compressed tile `[c0, c0 + BC)` with the final softmax stats:
+    the exact probabilities `p` (0 where invisible) and `acc + p @ Vc`. Returns (acc, p, offs_c)."""
+    qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE)
+    p = tl.exp(qk - m_safe[:, None]) * inv_l[:, None]
+    offs_c = c0 + tl.arange(0, BC)
+    offs_dv = tl.arange(0, BDV)
+    vc = tl.load(VC + vc_base + offs_c[:, None] * svt + offs_dv[None, :],
+                 mask=(offs_c[:, None] < Tc) & (offs_dv[None, :] < DV), other=0.0)
+    if IEEE:
+        acc += tl.dot(p, vc.to(tl.float32), input_precision="ieee")
+    else:
+        acc += tl.dot(p.to(vc.dtype), vc)
+    return acc, p, offs_c
+
+
+@triton.jit
+def _carried_scores(p, offs_c, c0, carry, s_rows, t_ok, NB, BTQ: tl.constexpr, GP: tl.constexpr,
+                    BC: tl.constexpr, SHIFT: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
+                    SEL: tl.constexpr, MODE: tl.constexpr):
+    """Scores of one tile when tiles end on block edges: blocks `[jb, jb + SHIFT)` are complete
+    after it (the next tile starts at block jb + SHIFT) and are stored to `s_rows` (pointers of
+    the tile's score rows, `[BTQ, 1]`); the spill into the next SHIFT blocks is returned as the
+    new carry."""
+    jb = (c0 * D) // SEL
+    ps = tl.sum(tl.reshape(p, [BTQ, GP, BC]), 1)                      # Eq. 10: over heads
+    own = carry + _group_scores(ps, offs_c, jb, SHIFT, L, D, SEL, MODE)
+    offs_j = jb + tl.arange(0, SHIFT)
+    tl.store(s_rows + offs_j[None, :], own, mask=t_ok & (offs_j[None, :] < NB))
+    return _group_scores(ps, offs_c, jb + SHIFT, SHIFT, L, D, SEL, MODE)

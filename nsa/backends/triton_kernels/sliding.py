@@ -1,0 +1,129 @@
+"""Sliding-window attention: query `t` reads keys `max(0, t - w + 1) .. t`.
+
+Prefill (`_win_fwd`): group-centric like the compressed kernel: one program per (BTQ queries, KV
+group) whose rows are every (query, head) pair of the group, so each key/value tile is loaded
+once for all heads and BTQ neighbouring queries (the selection kernel's one-query programs would
+load each key once per query: BTQ times the L2 traffic). Keys stream from the first query's
+window start to the last query under the band mask `t - w < s <= t`. Any GQA ratio, dk != dv.
+Decode (`sliding_decode`): the window's blocks as a block list through the selection kernel,
+whose few-rows split spreads one step over more programs than one program per group could.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from nsa.backends.triton_kernels import common, selection
+from nsa.backends.triton_kernels.common import np2, unit_last_stride
+from nsa.backends.triton_kernels.tiles import Tiles, interpreting
+
+
+@triton.jit
+def _win_fwd(Q, K, V, Out, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
+             T, T_k, q_start, k_start, window, scale,
+             HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BTQ: tl.constexpr, BN: tl.constexpr,
+             DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr,
+             DYN_LOOP: tl.constexpr, NT_HOST: tl.constexpr):
+    """Sliding-window attention, group-centric: one program per (BTQ queries, KV group) whose
+    BTQ * GP rows are every (query, head) pair, so each key/value tile is loaded once for all
+    heads of the group and BTQ neighbouring queries. Keys run from the first query's window
+    start (rounded down to a BN edge) to the last query; row r keeps key s iff
+    `t_r - window < s <= t_r` and s lies in the given keys `[k_start, k_start + T_k)`."""
+    M: tl.constexpr = BTQ * GP
+    pid_t = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
+    h = bh % HKV
+    rows = tl.arange(0, M)
+    offs_t = pid_t * BTQ + rows // GP
+    g = rows % GP
+    row_ok = (offs_t < T) & (g < G)
+    t_abs = q_start + offs_t
+    heads = h * G + g
+    offs_n = tl.arange(0, BN)
+    offs_dk = tl.arange(0, BDK)
+    offs_dv = tl.arange(0, BDV)
+    q = tl.load(Q + b * sqb + offs_t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
+                mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    t_first = q_start + pid_t * BTQ
+    t_last = q_start + tl.minimum(pid_t * BTQ + BTQ, T) - 1
+    k0 = (tl.maximum(tl.maximum(t_first - window + 1, k_start), 0) // BN) * BN
+    m_i = tl.full([M], float("-inf"), tl.float32)
+    l_i = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, BDV], tl.float32)
+    # GPU: exactly the tiles up to the last query. The interpreter needs a host-int bound
+    # (NT_HOST, enough tiles for any program); the masks keep the result exact either way.
+    for i in range(0, tl.cdiv(t_last + 1 - k0, BN) if DYN_LOOP else NT_HOST):
+        pos = k0 + i * BN + offs_n
+        in_k = (pos >= k_start) & (pos < k_start + T_k)
+        kpos = pos - k_start
+        k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
+                    mask=in_k[:, None] & (offs_dk[None, :] < DK), other=0.0)
+        if IEEE:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        valid = in_k[None, :] & (pos[None, :] <= t_abs[:, None]) & (pos[None, :] > t_abs[:, None] - window)
+        qk = tl.where(valid, qk * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(qk - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
+                    mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        if IEEE:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(Out + b * sob + offs_t[:, None] * sot + heads[:, None] * soh + offs_dv[None, :],
+             o.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
+
+
+def sliding(q: Tensor, k: Tensor, v: Tensor, *, window: int, scale: float, q_start: int, k_start: int,
+            tiles: Tiles) -> Tensor:
+    """`q [B, Tq, Hq, dk]` (positions `q_start ..`) over `k/v [B, Tk, Hkv, d*]` (positions `k_start ..`)
+    -> `[B, Tq, Hq, dv]`; a query with no visible key gets 0."""
+    b, tq, hq, dk = q.shape
+    hkv, dv = k.shape[2], v.shape[-1]
+    q, k, v = unit_last_stride(q, k, v)
+    o = common.empty_out(b, tq, hq, dv, dtype=q.dtype, device=q.device)
+    if tq == 0:
+        return o
+    group = hq // hkv
+    gp = triton.next_power_of_2(group)
+    # Rows >= 16 for tl.dot; a decode step (one query) takes one query's heads only.
+    btq = max(max(1, 16 // gp), min(max(1, tiles.win_rows // gp), triton.next_power_of_2(tq)))
+    bn = tiles.win_bn
+    span = min(window, q_start + tq)   # keys a query can see, so a huge window costs no empty tiles
+    nt_host = triton.cdiv(span + btq + bn - 2, bn) if interpreting() else 0
+    _win_fwd[(triton.cdiv(tq, btq), b * hkv)](
+        q, k, v, o, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        tq, k.shape[1], q_start, k_start, window, scale,
+        HKV=hkv, G=group, GP=gp, BTQ=btq, BN=bn, DK=dk, DV=dv, BDK=np2(dk), BDV=np2(dv),
+        IEEE=q.dtype == torch.float32, DYN_LOOP=not interpreting(), NT_HOST=nt_host, **tiles.launch("win"))
+    return o
+
+
+def sliding_decode(q: Tensor, k_w: Tensor, v_w: Tensor, *, t: int, scale: float, block: int, tiles: Tiles) -> Tensor:
+    """Decode's sliding branch through the selection kernel: the query at position `t`
+    (`q [B, 1, Hq, dk]`) over the window cache `k_w/v_w [B, n, Hkv, D]` holding positions
+    `t+1-n .. t` (the last `n <= w` tokens); the window's `block`-token blocks are the block list
+    and the kernel's own mask keeps exactly those positions."""
+    n = k_w.shape[1]
+    k_start = t + 1 - n
+    first, last = k_start // block, t // block
+    b, hkv = q.shape[0], k_w.shape[2]
+    # A fixed list length (-1 padded) for every t, so the kernel never recompiles as decode moves.
+    width = (n + block - 1) // block + 1
+    blocks = torch.arange(first, first + width, device=q.device, dtype=torch.int32)
+    blocks = torch.where(blocks <= last, blocks, torch.full_like(blocks, -1))
+    idx = blocks.expand(b, q.shape[1], hkv, -1)
+    return selection.selected(q, k_w, v_w, idx, sel_block=block, scale=scale, q_start=t, k_start=k_start, tiles=tiles)

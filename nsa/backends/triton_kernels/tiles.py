@@ -1,0 +1,141 @@
+"""Launch parameters of the own Triton kernels, one frozen `Tiles` per GPU profile.
+
+A profile is `f"sm{major}{minor}"` for a CUDA device (`torch.cuda.get_device_capability`) and
+`"cpu"` for CPU tensors or whenever Triton's interpreter runs (it runs on the CPU whatever the
+tensors' device). `tiles(profile)` returns that profile's entry, or `default` for a GPU nobody
+swept. A caller that wants other values (bench/triton_tiles.py, tests) passes `tiles=` to the
+facade functions or scopes an override with `use_tiles(...)`; nothing mutates a shared table.
+
+No triton import here: the registry reads profiles on machines without triton too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Launch parameters; `*_stages = None` leaves Triton's default."""
+
+    cmp_rows: int = 64            # (query, head) rows per compressed-kernel program: 4 queries x 16 heads
+    cmp_bc: int = 32              # compressed keys per tile
+    cmp_warps: int = 4            # one warp per query's 16 heads: the sum over heads stays in a warp
+    cmp_stages: int | None = 3
+    score_carry: bool = True      # carry block spill in registers when the tile ends on a block edge
+    sel_warps: int = 2
+    sel_stages: int | None = 2
+    split_tiles: int = 8          # decode: compressed tiles per chunk of the split kernel
+    split_warps: int = 1
+    split_stages: int | None = None
+    sel_split: int = 4            # decode: programs per row of the selection kernel (blocks split)
+    sel_split_rows: int = 1024    # fewer (query, group) rows than this: split
+    topn_split_rows: int = 2048   # fewer score rows than this (decode): two-stage top-n over chunks
+    topn_chunk: int = 128         # blocks per chunk of the two-stage top-n
+    win_rows: int = 64            # sliding: (query, head) rows per program
+    win_bn: int = 64              # sliding: keys per tile
+    win_warps: int = 4
+    win_stages: int | None = 3
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "score_carry":
+                if not isinstance(value, bool):
+                    raise ValueError(f"Tiles.score_carry must be a bool, got {value!r}")
+                continue
+            if value is None and f.name.endswith("_stages"):
+                continue
+            # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
+            low = 0 if f.name in ("sel_split_rows", "topn_split_rows") else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
+                                 "triton_kernels/tiles.py for the meaning of each field")
+        for name in ("cmp_rows", "cmp_bc", "win_rows", "win_bn", "topn_chunk", "cmp_warps", "sel_warps",
+                     "split_warps", "win_warps"):
+            value = getattr(self, name)
+            if value & (value - 1):
+                raise ValueError(f"Tiles.{name} must be a power of two (tl.arange sizes, warps), got {value}")
+        for name in ("cmp_bc", "win_bn"):
+            if getattr(self, name) < 16:
+                raise ValueError(f"Tiles.{name} must be >= 16 (tl.dot's smallest tile), got {getattr(self, name)}")
+
+    def launch(self, prefix: str) -> dict[str, int]:
+        """`num_warps` / `num_stages` of kernel family `prefix` (cmp, sel, split, win)."""
+        opts = {"num_warps": getattr(self, f"{prefix}_warps")}
+        stages = getattr(self, f"{prefix}_stages")
+        if stages is not None:
+            opts["num_stages"] = stages
+        return opts
+
+
+# sm90: what bench/triton_tiles.py measured best on the H100 (cmp/sel tiles, warps, stages and the
+# decode split; results/h100/); the top-n and selection split knobs and every `win_*` were set by
+# reasoning, not swept. default: the same values, unswept elsewhere. cpu: Triton's interpreter is
+# slow per element, so the smallest tiles tl.dot takes keep CPU tests quick.
+PROFILES: dict[str, Tiles] = {
+    "sm90": Tiles(),
+    "default": Tiles(),
+    "cpu": Tiles(cmp_rows=16, cmp_bc=16, win_rows=16, win_bn=16),
+}
+
+_override: contextvars.ContextVar[Tiles | None] = contextvars.ContextVar("nsa_triton_tiles", default=None)
+
+
+def interpreting() -> bool:
+    """Triton's interpreter is on (read per call: tests set and unset it)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def tiles(profile: str) -> Tiles:
+    """The launch parameters of `profile` (`sm90`, `cpu`, ...); an unlisted `smXY` gets `default`."""
+    if profile in PROFILES:
+        return PROFILES[profile]
+    if re.fullmatch(r"sm\d+", profile):
+        return PROFILES["default"]
+    raise ValueError(f"profile must be one of {sorted(PROFILES)} or 'sm<major><minor>', got {profile!r}; "
+                     "use profile_for(device)")
+
+
+@functools.lru_cache(maxsize=16)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def profile_for(device: torch.device | str) -> str:
+    """`sm{major}{minor}` for a CUDA device, `cpu` for anything else or under the interpreter."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or interpreting():
+        return "cpu"
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    major, minor = _capability(dev)
+    return f"sm{major}{minor}"
+
+
+def current(device: torch.device | str) -> Tiles:
+    """The `use_tiles` override when one is active, else the device's profile."""
+    override = _override.get()
+    return override if override is not None else tiles(profile_for(device))
+
+
+@contextlib.contextmanager
+def use_tiles(value: Tiles) -> Iterator[Tiles]:
+    """Run the kernels with `value` inside the block (sweeps, tests), whatever the device's profile."""
+    if not isinstance(value, Tiles):
+        raise TypeError(f"use_tiles must get a Tiles, got {type(value).__name__}; "
+                        "build one with dataclasses.replace(tiles(profile), field=...)")
+    token = _override.set(value)
+    try:
+        yield value
+    finally:
+        _override.reset(token)
