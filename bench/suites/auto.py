@@ -92,7 +92,6 @@ def build(cell: Cell, device) -> Workload:
     import torch
 
     from bench import parity
-    from bench.suites.prefill import _probe
     from nsa import NSAAttention, dispatch
 
     p = cell.params
@@ -134,7 +133,7 @@ def build(cell: Cell, device) -> Workload:
             continue
         fn = (lambda module=module: call(module))  # noqa: E731
         with dispatch.recording() as choices:
-            _probe(work, key, fn, device, unsupported_ok=True)
+            _try(work, key, plan, fn, device)
         if key in work.fns and cell.op == "nsa_decode" and work.cuda_graph:
             work.captures[key] = (lambda module=module: capture_attend(module, q, gates, cache, ("cmp", "sel", "win")))
         work.backends[key], branches, chosen = _ran(choices, plan)
@@ -153,3 +152,24 @@ def build(cell: Cell, device) -> Workload:
                 outputs.pop(key, None)
     outputs.clear()
     return work
+
+
+def _try(work: Workload, key: str, plan: str, fn, device) -> None:
+    """Run once (compiles, allocates): a plan that cannot run the call (BackendError) or runs out of
+    memory is skipped with the reason; any other error fails the case."""
+    from bench.runner import is_oom, release, why
+    from nsa.backends import BackendError
+
+    try:
+        fn()
+    except BackendError as exc:
+        work.reasons[key] = f"plan {plan} cannot run this call: {exc}"
+        return
+    except Exception as exc:  # noqa: BLE001 - one plan's failure must not hide the others
+        if is_oom(exc):
+            work.reasons[key] = f"out of memory on the first call: {why(exc)}"
+            release(device.type)
+        else:
+            work.failures[key] = f"first call raised {why(exc)}"
+        return
+    work.fns[key] = fn
