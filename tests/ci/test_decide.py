@@ -288,3 +288,39 @@ def test_a_missing_grid_field_takes_the_papers_value() -> None:
     cfg = {k: dict(v) for k, v in fx.config().items()}
     del cfg["nsa"]["window"]
     assert decide.DecideConfig.from_mapping(cfg).grid["window"] == 512
+
+
+def test_each_cell_says_what_auto_runs_under_the_config_in_force() -> None:
+    """auto_backend is Settings.planned(op, class, T, profile): per class, from the key's length up."""
+    cfg = fx.config()
+    cfg["profiles"]["sm90"]["fa2_min_len_win"] = {"g4": 2048, "g16": -1}
+    cfg["profiles"]["sm90"]["triton_min_len_win"] = {"g16": 4096}
+    cases = fx.sweep("sliding", {1024: 2.0, 2048: 2.0}, cover=False)
+    cases += fx.sweep("sliding", {2048: 2.0, 4096: 2.0}, Hq=16, Hkv=1, cover=False)
+    doc = run(cases, cfg)
+    got = {(c["cls"], c["T"]): (c["auto_backend"], c["auto_why"]) for c in doc["cells"]}
+    assert got[("g4", 1024)] == ("sdpa", "no sliding key holds at 1024 in g4")
+    assert got[("g4", 2048)] == ("fa2", "fa2_min_len_win[g4]=2048 <= 2048")
+    assert got[("g16", 2048)][0] == "sdpa"
+    assert got[("g16", 4096)] == ("triton", "triton_min_len_win[g16]=4096 <= 4096")
+    # The decision names the class's own value in force, and each length its class.
+    g16 = doc["branches"]["win"]["classes"]["g16"]
+    assert (g16["current"], g16["current_source"]) == (-1, "config:profiles.sm90.fa2_min_len_win.g16")
+    assert {x["class"] for x in g16["lengths"]} == {"g16"}
+
+
+def test_a_launch_bound_cell_decides_nothing() -> None:
+    cases = fx.sweep("sliding", {1024: 3.0}, sdpa_ms=0.02)  # both sides under decide.time_floor_ms
+    doc = run(cases)
+    assert not any(c["used_for_decision"] for c in doc["cells"])
+    assert all("launch-bound" in c["note"] for c in doc["cells"])
+    assert doc["branches"]["win"]["changed"] is False and doc["time_floor_ms"] == 0.05
+
+
+def test_a_class_short_of_the_decision_grid_keeps_its_value_while_another_decides() -> None:
+    cases = fx.sweep("sliding", {2048: 3.0, 4096: 3.0}, cover=False)  # g4 stops at 4096: a smoke run
+    cases += fx.sweep("sliding", {1024: 3.0}, Hq=16, Hkv=1)  # g16 reaches 16384
+    win = run(cases)["branches"]["win"]
+    assert win["classes"]["g4"]["proposed"] == -1 and "does not cover the decision grid" in win["classes"]["g4"]["reason"]
+    assert win["classes"]["g16"]["proposed"] == 1024
+    assert win["proposed"] == {"g1": -1, "g2": -1, "g4": -1, "g8": -1, "g16": 1024}
