@@ -48,6 +48,9 @@ class Cell:
     cls: str | None = None  # shape class (nsa.keys.class_of): a class decides from its own cells only
     used_for_decision: bool = False
     note: str = ""
+    # What `auto` picks for this cell under the config in force (nsa.settings.Settings.planned).
+    auto_backend: str | None = None
+    auto_why: str = ""
     parity: dict[str, Any] | None = field(default=None)
 
     def to_dict(self) -> dict[str, Any]:

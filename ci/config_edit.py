@@ -3,9 +3,13 @@
 The threshold PR must change nothing but the values it proposes: every comment, blank line, key
 order, indentation and unrelated byte of the file is kept. ``edit_thresholds`` first lets
 ruamel.yaml round-trip the document; if its dump touches any other line (ruamel re-indents odd
-indentation, normalises line endings, ...), it falls back to rewriting only the value token on
-each edited key's line. Either way the result is verified twice before it is returned: parsed, it
-differs from the input only at the edited keys, and textually only those keys' lines changed.
+indentation, normalises line endings, ...), or the value is or becomes a per-class mapping, it
+rewrites only the value token on each edited key's line (``ci.yaml_tokens``). A per-class value
+is written as a one-line flow mapping, ``{g1: -1, g2: 2048, g4: 2048, g8: 1024, g16: 1024}``.
+
+One loader: the file is read through ``nsa.settings`` before the edit (a config it rejects is
+refused with its message) and after it (the new text must load and hold the intended values),
+besides the checks that only the edited keys changed, parsed and line by line.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from ci import values, yaml_tokens
+from nsa import keys, settings
 
 __all__ = ["ConfigEditError", "apply_to_file", "edit_thresholds", "unified_diff"]
 
@@ -46,7 +53,16 @@ def _plain(text: str, source: str) -> Any:
         ) from None
 
 
+def _settings(text: str, source: str) -> settings.Settings:
+    """The one loader's verdict on ``text``; its message, unchanged, when it refuses the file."""
+    try:
+        return settings.load_text(text, source)
+    except settings.SettingsError as exc:
+        raise ConfigEditError(str(exc)) from None
+
+
 def _load(text: str, source: str) -> CommentedMap:
+    _settings(text, source)
     try:
         doc = _rt_yaml().load(text)
     except MarkedYAMLError as exc:
@@ -86,50 +102,43 @@ def _profile_block(doc: CommentedMap, profile: str, source: str) -> CommentedMap
     return block
 
 
-def _check_changes(block: CommentedMap, profile: str, changes: Mapping[str, int], source: str) -> None:
+def _check_changes(block: CommentedMap, profile: str, changes: Mapping[str, Any],
+                   source: str) -> dict[str, values.Value]:
+    """The changes validated by the loader's own rule (`nsa.settings.threshold`), mappings in class order."""
+    checked: dict[str, values.Value] = {}
     for key, value in changes.items():
         name = f"profiles.{profile}.{key}"
+        if key not in keys.names():
+            raise ConfigEditError(
+                f"{name} must be a decision key declared in nsa/keys.py ({', '.join(keys.names())}), got "
+                f"{key!r}; fix the decision file or declare the key"
+            )
         if key not in block:
             raise ConfigEditError(
                 f"{name} must exist in {source}, got keys {sorted(str(k) for k in block)}; "
                 f"add `{key}: -1` to the `{profile}:` block by hand (edits never add keys)"
             )
-        if isinstance(block[key], (Mapping, list)):
+        old = block[key]
+        if isinstance(old, CommentedMap) and not old.fa.flow_style():
             raise ConfigEditError(
-                f"{name} must hold a single value in {source}, got {_kind(block[key])}; "
-                "replace it with an integer by hand"
+                f"{name} must be an int or a one-line flow mapping in {source} to be edited in place, got a "
+                f"block mapping; write it on one line as `{key}: {values.text(dict(old))}` by hand"
             )
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigEditError(
-                f"{name} must be set to an int, got {value!r} ({type(value).__name__}); "
-                "pass a sequence length, or -1 to disable FA-2"
-            )
+        try:
+            valid = settings.threshold(value, name)
+        except settings.SettingsError as exc:
+            raise ConfigEditError(str(exc)) from None
+        checked[key] = values.ordered(valid) if isinstance(valid, dict) else valid
+    return checked
 
 
-def _value_spots(block: CommentedMap, keys: list[str]) -> dict[int, int]:
+def _value_spots(block: CommentedMap, names: list[str]) -> dict[int, int]:
     """0-based line -> leftmost value column of the edited keys: the only lines that may change."""
     spots: dict[int, int] = {}
-    for key in keys:
+    for key in names:
         _, _, line, col = block.lc.data[key]
         spots[line] = min(col, spots.get(line, col))
     return spots
-
-
-def _eol(line: str) -> str:
-    return line[len(line.rstrip("\r\n")) :]
-
-
-def _only_lines_changed(old: str, new: str, spots: dict[int, int]) -> bool:
-    """Same line count; a changed line is an edited value's line, same up to the value, same ending."""
-    old_lines, new_lines = old.splitlines(keepends=True), new.splitlines(keepends=True)
-    if len(old_lines) != len(new_lines):
-        return False
-    for i, (a, b) in enumerate(zip(old_lines, new_lines, strict=True)):
-        if a == b:
-            continue
-        if i not in spots or a[: spots[i]] != b[: spots[i]] or _eol(a) != _eol(b):
-            return False
-    return True
 
 
 def _unshared(obj: Any) -> Any:
@@ -151,64 +160,17 @@ def _kind(obj: Any) -> str:
     return f"a {type(obj).__name__}"
 
 
-def _token_end(line: str, start: int, flow: bool) -> int:
-    """End (exclusive) of the scalar token starting at ``line[start]``, or ``start`` if unknown."""
-    quote = line[start : start + 1]
-    if quote in ("'", '"'):
-        i = start + 1
-        while i < len(line):
-            if quote == '"' and line[i] == "\\":
-                i += 2
-                continue
-            if line[i] == quote:
-                if quote == "'" and line[i + 1 : i + 2] == "'":
-                    i += 2
-                    continue
-                return i + 1
-            i += 1
-        return start  # the scalar spans lines: not editable in place
-    end = len(line.rstrip("\r\n"))
-    for i in range(start, end):
-        if line[i] == "#" and i > start and line[i - 1] in " \t":
-            end = i
-            break
-        if flow and line[i] in ",]}":
-            end = i
-            break
-    while end > start and line[end - 1] in " \t":
-        end -= 1
-    return end
-
-
-def _replace_tokens(
-    text: str,
-    where: dict[str, tuple[int, int]],
-    flow: bool,
-    changes: Mapping[str, int],
-    profile: str,
-    source: str,
-) -> str:
-    """Rewrite only the value token of each edited key (``where``: key -> value line, column),
-    keeping a trailing comment's column."""
-    lines = text.splitlines(keepends=True)
-    # Right to left, so that earlier columns on a shared (flow-style) line stay valid.
-    for line_no, col, key in sorted(((*where[k], k) for k in changes), reverse=True):
-        line = lines[line_no]
-        end = _token_end(line, col, flow)
-        if end <= col or line[col] in "|>&*!":
-            raise ConfigEditError(
-                f"profiles.{profile}.{key} must be a one-line scalar in {source} to be edited in place, "
-                f"got {line.strip()!r}; write it as `{key}: <int>` on one line"
-            )
-        new_token = str(changes[key])
-        rest = line[end:]
-        comment = rest.lstrip(" ")
-        if comment.startswith("#"):
-            # Keep the comment where it was when the new token fits, else one space before it.
-            gap = max(1, len(rest) - len(comment) + (end - col) - len(new_token))
-            rest = " " * gap + comment
-        lines[line_no] = line[:col] + new_token + rest
-    return "".join(lines)
+def _replace_tokens(text: str, where: dict[str, tuple[int, int]], flow: bool,
+                    changes: Mapping[str, values.Value], section: str, source: str) -> str:
+    """``yaml_tokens.replace_tokens`` with the values' YAML text; errors name the key and the fix."""
+    try:
+        return yaml_tokens.replace_tokens(text, where, flow, {k: values.text(v) for k, v in changes.items()})
+    except yaml_tokens.TokenError as exc:
+        key, line = exc.args
+        raise ConfigEditError(
+            f"{section}.{key} must be a one-line value in {source} to be edited in place, got {line!r}; "
+            f"write it as `{key}: <int>` or `{key}: {{g1: <int>, ...}}` on one line"
+        ) from None
 
 
 def _verify(
@@ -221,43 +183,72 @@ def _verify(
     except ConfigEditError:
         return False
     expected["profiles"][profile].update(changes)
-    return got == expected and _only_lines_changed(old, new, spots)
+    return got == expected and yaml_tokens.only_lines_changed(old, new, spots)
 
 
-def edit_thresholds(text: str, profile: str, changes: Mapping[str, int], *, source: str = "config") -> str:
+def _same(old: Any, new: values.Value) -> bool:
+    """True when the value as written already is ``new`` (an int must be written as an int)."""
+    if isinstance(new, dict):
+        return isinstance(old, Mapping) and dict(old) == new
+    return type(old) is int and old == new
+
+
+def edit_thresholds(text: str, profile: str, changes: Mapping[str, values.Value], *,
+                    source: str = "config") -> str:
     """Return ``text`` with ``profiles.<profile>.<key>`` set to each value in ``changes``.
 
-    Pure: no file access. Only existing keys of an existing profile are edited (no key is ever
-    added); every other byte is kept. ``source`` names the file in error messages.
+    A value is an int (every class) or a mapping of classes to ints, written as a one-line flow
+    mapping in `nsa.keys.CLASSES` order. Pure: no file access. Only existing keys of an existing
+    profile are edited (no key is ever added); every other byte is kept. ``source`` names the file
+    in error messages.
 
     Raises:
-        ConfigEditError: malformed YAML, a missing profile or key, or a value that is not an int.
+        ConfigEditError: a config the loader (nsa.settings) rejects, a missing profile or key, a
+        value the loader would reject, or a layout that cannot be edited on the value's line.
     """
     doc = _load(text, source)
     block = _profile_block(doc, profile, source)
-    _check_changes(block, profile, changes, source)
-    todo = {k: v for k, v in changes.items() if block[k] != v or type(block[k]) is not int}
+    checked = _check_changes(block, profile, changes, source)
+    todo = {k: v for k, v in checked.items() if not _same(block[k], v)}
     if not todo:
         return text
     spots = _value_spots(block, list(todo))
     # Positions as parsed, taken before the round-trip document is modified.
     where = {k: (block.lc.data[k][2], block.lc.data[k][3]) for k in todo}
     flow = bool(block.fa.flow_style())
-    for key, value in todo.items():
-        block[key] = value
-    out = io.StringIO()
-    _rt_yaml().dump(doc, out)
-    dumped = out.getvalue()
-    if _verify(text, dumped, profile, todo, spots, source):
-        return dumped
-    replaced = _replace_tokens(text, where, flow, todo, profile, source)
+    candidates = []
+    # A mapping (old or new) goes straight to the token rewrite: ruamel would write a new one as a
+    # block on the following lines, and the edit must keep the line count.
+    if not any(isinstance(v, dict) or isinstance(block[k], Mapping) for k, v in todo.items()):
+        for key, value in todo.items():
+            block[key] = value
+        out = io.StringIO()
+        _rt_yaml().dump(doc, out)
+        candidates.append(out.getvalue())
+    for new in candidates:
+        if _verify(text, new, profile, todo, spots, source):
+            return _checked(new, profile, todo, source)
+    replaced = _replace_tokens(text, where, flow, todo, f"profiles.{profile}", source)
     if _verify(text, replaced, profile, todo, spots, source):
-        return replaced
+        return _checked(replaced, profile, todo, source)
     raise ConfigEditError(
         f"profiles.{profile} in {source} must be editable without touching other lines, got a layout "
         f"(anchors, multi-line values, ...) that would change more than {sorted(todo)}; "
         "edit the values by hand"
     )
+
+
+def _checked(new: str, profile: str, todo: Mapping[str, values.Value], source: str) -> str:
+    """``new`` once the one loader accepts it and reads every edited value back as intended."""
+    try:
+        loaded = settings.load_text(new, source)
+    except settings.SettingsError as exc:  # pragma: no cover - the input loaded and only values changed
+        raise ConfigEditError(f"{source} must still load after the edit, got: {exc}; report this bug") from None
+    for key, value in todo.items():
+        if loaded.written(key, profile) != value:  # pragma: no cover - _verify compared the parsed files
+            raise ConfigEditError(f"profiles.{profile}.{key} must read back as {values.text(value)} after the "
+                                  f"edit, got {loaded.written(key, profile)!r}; report this bug")
+    return new
 
 
 def unified_diff(old: str, new: str, path: str) -> str:
@@ -269,7 +260,7 @@ def unified_diff(old: str, new: str, path: str) -> str:
     )
 
 
-def apply_to_file(path: str | os.PathLike[str], profile: str, changes: Mapping[str, int]) -> str:
+def apply_to_file(path: str | os.PathLike[str], profile: str, changes: Mapping[str, values.Value]) -> str:
     """Edit the file at ``path`` in place, atomically, and return the unified diff.
 
     Nothing is written when the edit fails or changes nothing (the diff is then empty).

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import results
-from ci import stats
+from ci import autobest, stats, values
 from ci.cells import (
     Cell,
     case_problem,
@@ -80,6 +80,11 @@ BRANCHES = tuple(Branch(k.decision_id, k.op, k.name, FAMILY[k.family]) for k in 
 DECISION_SUITES = tuple(f.suite for f in FAMILIES)
 
 
+# The paper's names of the grid fields, grouped as the model configures them (arXiv 2502.11089 Sec. 3).
+GRID_GROUPS = (("window",), ("cmp_block", "cmp_stride"), ("sel_block", "sel_count"))
+GRID_LABELS = {"window": "w", "cmp_block": "l", "cmp_stride": "d", "sel_block": "l'", "sel_count": "n"}
+
+
 @dataclass(frozen=True)
 class DecideConfig:
     """What `ci decide` needs from the config (margin possibly overridden)."""
@@ -118,13 +123,19 @@ class DecideConfig:
         return self.settings.value(key, profile, cls)
 
     def off_grid(self, op: str, params: Mapping[str, Any]) -> str:
-        """Why a branch cell's grid point is not the model's, or "" when it is."""
-        fields = keys.GRID_FIELDS.get(op, ())
-        got = {param: params.get(param) for _, param in fields}
-        want = {param: self.grid[name] for name, param in fields}
-        if got != want:
-            return ", ".join(f"{p}={got[p]}" for p in got) + " is not the model's " + \
-                ", ".join(f"{p}={want[p]}" for p in want)
+        """Why a branch cell's grid point is not the model's, or "" when it is: the first group of
+        `nsa` fields (window; cmp_block/cmp_stride; sel_block/sel_count) that differs, by its config names."""
+        fields = dict(keys.GRID_FIELDS.get(op, ()))
+        for group in GRID_GROUPS:
+            names = [n for n in group if n in fields]
+            got = [params.get(fields[n]) for n in names]
+            want = [self.grid[n] for n in names]
+            if got == want:
+                continue
+            if names == ["window"]:
+                return f"window {got[0]} is not nsa.window {want[0]}"
+            shown = ", ".join(f"{GRID_LABELS[n]}={g}" for n, g in zip(names, got, strict=True))
+            return f"{shown} is not nsa.{'/'.join(names)} {'/'.join(map(str, want))}"
         return ""
 
 
@@ -197,6 +208,14 @@ def _mark_use(cell: Cell, cfg: DecideConfig) -> None:
         cell.used_for_decision = True
 
 
+def _mark_auto(cell: Cell, cfg: DecideConfig, profile: str) -> None:
+    """Which backend `auto` would pick for the cell under the config in force (thresholds only:
+    dispatch also asks the backend whether it can run the call), so the report can show it."""
+    if cell.cls is None or not isinstance(cell.T, int) or isinstance(cell.T, bool) or not keys.for_op(cell.op):
+        return
+    cell.auto_backend, cell.auto_why = cfg.settings.planned(cell.op, cell.cls, cell.T, profile)
+
+
 def _join(lengths: Sequence[int]) -> str:
     return ", ".join(str(t) for t in lengths)
 
@@ -241,10 +260,11 @@ def _class_entry(branch: Branch, cls: str, cells: Sequence[Cell], cfg: DecideCon
                 "cells": [c.id for c in by_t[t]]} for t in sorted(by_t)]
     longest = max(branch.decl.nightly_lengths)
     missing = [longest] if cells and longest not in by_t else []
-    if unavailable or not cells:
-        why = unavailable or (f"no deciding {branch.family.label} cell of op {branch.op} in class {cls} "
-                              f"(suite {branch.family.suite}, the model's grid)")
-        measured, reason = None, f"keeping {current}: {why}"
+    if unavailable:
+        measured, reason = None, f"keeping {current}: {unavailable}; no threshold can be proposed"
+    elif not cells:
+        measured, reason = None, (f"keeping {current}: no deciding {branch.family.label} cell of op {branch.op} "
+                                  f"in class {cls} (suite {branch.family.suite}, the model's grid)")
     elif missing:
         measured = None
         reason = (f"keeping {current}: the run's grid does not cover the decision grid (its longest length "
@@ -282,12 +302,13 @@ def decide_branch(branch: Branch, cells: Sequence[Cell], cfg: DecideConfig, prof
     changed = [c for c, e in classes.items() if e["changed"]]
     decided = [c for c, e in classes.items() if e["lengths"]]
     shown = changed or decided
-    if len(shown) == 1:
-        reason = f"{shown[0]}: {classes[shown[0]]['reason']}"
-    elif shown:
+    if shown:
         reason = "; ".join(f"{c}: {classes[c]['reason']}" for c in shown)
-    else:
+    elif unavailable:
         reason = next(iter(classes.values()))["reason"]
+    else:  # no class had a deciding cell: say so once, not in the words of whichever class came first
+        reason = (f"keeping {values.text(current)}: no deciding {branch.family.label} cell of op {branch.op} in any "
+                  f"class (suite {branch.family.suite}, the model's grid)")
     return {"key": branch.key, "op": branch.op, "family": branch.family.name, "candidate": branch.family.label,
             "suite": branch.family.suite, "current": current,
             "current_source": f"profiles.{profile}.{branch.key} (per class: see classes)",
@@ -339,10 +360,12 @@ def decide(sources: Sequence[tuple[str, Mapping[str, Any]]], cfg: DecideConfig) 
     """The decision document for validated results documents `(name, doc)` of one architecture."""
     profile, cases = _sources(sources)
     # Calibration cases are A/A replicas (the noise floor), not SDPA-vs-candidate comparisons.
-    pairs, unpaired = pair_cases(c for c in cases if c["suite"] != CALIBRATION_SUITE)
+    # The auto suite times plans of one call against each other (ci.autobest), not against SDPA.
+    pairs, unpaired = pair_cases(c for c in cases if c["suite"] not in (CALIBRATION_SUITE, autobest.SUITE))
     cells = [judge(b, c, cfg.margin, cfg.confidence) for b, c in pairs]
     for cell in cells:
         _mark_use(cell, cfg)
+        _mark_auto(cell, cfg, profile)
     cells.sort(key=lambda c: (c.suite, c.op, c.candidate_backend, c.cls or "", json.dumps(c.params, sort_keys=True)))
     unavailable = {f.name: _unavailable(f, profile, cells) for f in FAMILIES}
     failures = [{"id": c["id"], "suite": c["suite"], "op": c["op"], "backend": c["backend"],
@@ -373,6 +396,7 @@ def decide(sources: Sequence[tuple[str, Mapping[str, Any]]], cfg: DecideConfig) 
         "unpaired": [c["id"] for c in unpaired],
         "parity": [{"id": c["id"], **c["parity"]} for c in cases if c.get("parity")],
         "noise_floor": noise_floor(cases, cfg.confidence),
+        "auto_vs_best": autobest.auto_vs_best(cases, cfg.confidence),
         "cases": [{"id": c["id"], "suite": c["suite"], "op": c["op"], "backend": c["backend"],
                    "status": c["status"], "median_ms": (c.get("timing") or {}).get("median_ms"),
                    "p20_ms": (c.get("timing") or {}).get("p20_ms")} for c in cases],
@@ -406,6 +430,11 @@ def summary_lines(doc: Mapping[str, Any]) -> list[str]:
     """One line per threshold key, for the terminal and the Actions log."""
     lines = []
     for name, b in doc["branches"].items():
-        change = f"{b['current']} -> {b['proposed']}" if b["changed"] else f"{b['current']} (unchanged)"
+        current, proposed = values.text(b["current"]), values.text(b["proposed"])
+        change = f"{current} -> {proposed}" if b["changed"] else f"{current} (unchanged)"
         lines.append(f"{name} {doc['profile']}.{b['key']}: {change}: {b['reason']}")
+    avb = doc.get("auto_vs_best") or {}
+    if avb.get("rows"):
+        lines.append(f"auto vs best: {len(avb['slow'])} of {len(avb['rows'])} calls more than "
+                     f"{(avb['limit'] - 1) * 100:.0f}% slower than the best plan")
     return lines

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ci.decide import parse_margin
+from ci.values import text
 
 HELP = "the main job: sweep this machine, decide, report, threshold PR (dry run without a token)"
 # FA-2 and the own Triton kernels against masked SDPA (the fa2_* and triton_* keys), plus the A/A
@@ -198,8 +199,8 @@ def _finish(done: Sequence[StageResult], doc: dict[str, Any], report_dir: Path) 
             print(f"FA-2 unavailable: {fa2.get('reason')}")
         if not triton.get("ran", True):
             print(f"Triton not measured: {triton.get('reason')}")
-        branches = ", ".join(f"{name} {b['current']} -> {b['proposed']}" if b.get("changed")
-                             else f"{name} {b['current']} (unchanged)" for name, b in doc.get("branches", {}).items())
+        branches = ", ".join(f"{name} {text(b['current'])} -> {text(b['proposed'])}" if b.get("changed")
+                             else f"{name} {text(b['current'])} (unchanged)" for name, b in doc.get("branches", {}).items())
         print(f"thresholds ({doc.get('profile')}, {doc.get('gpu_name')}): {branches}")
         if (report_dir / "report.md").is_file():
             print(f"report: {report_dir / 'report.md'}")

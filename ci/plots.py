@@ -12,9 +12,10 @@ matplotlib.use("Agg")  # headless CI runners have no display; select before pypl
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-BRANCH_TITLES = {"win": "sliding branch, FA-2 (win)", "cmp": "compressed branch, FA-2 (cmp)",
-                 "triton_sel": "selected branch, Triton (triton_sel)",
-                 "triton_cmp": "compressed branch, Triton (triton_cmp)"}
+from nsa import keys  # noqa: E402
+
+# "sliding branch, FA-2 (win)": one title per key declared in nsa.keys, so a new key gets one too.
+BRANCH_TITLES = {k.decision_id: f"{k.op} branch, {k.label} ({k.decision_id})" for k in keys.KEYS}
 GRID_LABELS = {"sliding": (("w", "window"),), "compressed": (("l", "block"), ("d", "stride")),
                "selected": (("l", "block"), ("d", "stride"), ("l'", "sel_block"), ("n", "sel_count"))}
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ci import values
+
 __all__ = [
     "BODY_LIMIT",
     "LABEL",
@@ -55,7 +57,7 @@ class PrPlan:
     title: str
     report: str
     labels: tuple[str, ...]
-    changes: dict[str, int]
+    changes: dict[str, values.Value]  # key -> int, or per-class mapping (written as a YAML flow mapping)
     files: tuple[ReportFile, ...]
     commit_message: str
 
@@ -136,22 +138,25 @@ def _branches(decision: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
         ok = (
             isinstance(b, Mapping)
             and isinstance(b.get("key"), str)
-            and all(
-                isinstance(b.get(k), int) and not isinstance(b.get(k), bool) for k in ("current", "proposed")
-            )
+            and all(values.is_value(b.get(k)) for k in ("current", "proposed"))
             and isinstance(b.get("changed"), bool)
         )
         if not ok:
             raise PlanError(
-                f"decision.branches.{name} must have key (str), current and proposed (int) and changed "
+                f"decision.branches.{name} must have key (str), current and proposed (int or class -> int) and changed "
                 f"(bool), got {b!r}; pass the file written by `python -m ci decide`"
             )
     return dict(branches)
 
 
+def _shown(value: values.Value) -> str:
+    return values.text(value)
+
+
 def _title(gpu_name: str, profile: str, branches: Mapping[str, Mapping[str, Any]]) -> str:
     parts = [
-        f"{name} {b['current']} -> {b['proposed']}" if b["changed"] else f"{name} {b['current']} (unchanged)"
+        f"{name} {_shown(b['current'])} -> {_shown(b['proposed'])}" if b["changed"]
+        else f"{name} {_shown(b['current'])} (unchanged)"
         for name, b in branches.items()
     ]
     title = f"NSA thresholds for {gpu_name} ({profile}): {', '.join(parts)}"
@@ -181,7 +186,8 @@ def build_plan(decision: Mapping[str, Any], report: str, files: tuple[ReportFile
     title = _title(gpu_name.strip(), profile, branches)
     lines = [title, ""]
     for name, b in branches.items():
-        state = f"{b['current']} -> {b['proposed']}" if b["changed"] else f"{b['current']} (unchanged)"
+        state = (f"{_shown(b['current'])} -> {_shown(b['proposed'])}" if b["changed"]
+                 else f"{_shown(b['current'])} (unchanged)")
         lines.append(f"profiles.{profile}.{b['key']} ({name}): {state}")
         if b.get("reason"):
             lines.append(f"  {b['reason']}")

@@ -16,7 +16,7 @@ from typing import Any
 import jinja2
 
 from bench import results
-from ci import compare
+from ci import compare, values
 from ci.decide import DECISION_SUITE, FAMILIES, SCHEMA
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -55,6 +55,10 @@ def _fmt_value(value: Any, nested: bool = False) -> str:
     return str(value)
 
 
+def _fmt_mib(value: int | None) -> str:
+    return "—" if value is None else f"{value / 2**20:.0f}"
+
+
 def _md_cell(value: Any) -> str:
     """Text safe inside a markdown table cell (no pipes, no line breaks)."""
     return str(value).replace("|", "\\|").replace("\n", " ")
@@ -64,7 +68,8 @@ def environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              autoescape=False)  # markdown, not HTML
-    env.filters.update(num=_fmt_num, ms=_fmt_ms, speedup=_fmt_speedup, value=_fmt_value, md=_md_cell)
+    env.filters.update(num=_fmt_num, ms=_fmt_ms, speedup=_fmt_speedup, value=_fmt_value, md=_md_cell,
+                       threshold=values.text, mib=_fmt_mib)
     return env
 
 
@@ -90,8 +95,10 @@ def branch_suite(branch: Mapping[str, Any]) -> str:
 
 
 def _row(cell: Mapping[str, Any]) -> dict[str, Any]:
+    # Decision files from before the classes lack `cls` and `auto_backend`: shown as "—".
     return {**cell, "shape": _shape(cell["params"]), "grid": _grid(cell) if cell["branch"] else "",
-            "decides": "yes" if cell["used_for_decision"] else (cell["note"] or "no")}
+            "decides": "yes" if cell["used_for_decision"] else (cell["note"] or "no"),
+            "cls": cell.get("cls") or "—", "auto": cell.get("auto_backend") or "—"}
 
 
 def _branch_rows(decision: Mapping[str, Any], branch: str) -> list[dict[str, Any]]:
@@ -102,6 +109,30 @@ def _branch_rows(decision: Mapping[str, Any], branch: str) -> list[dict[str, Any
     return [_row(c) for c in cells]
 
 
+def _class_rows(branch: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per class of a key (empty for decision files from before the classes)."""
+    return [{**e, "cls": cls} for cls, e in (branch.get("classes") or {}).items()]
+
+
+def _auto_vs_best(decision: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The auto-vs-best section: slow rows first (in table order), then every row; None without data."""
+    avb = decision.get("auto_vs_best")
+    if not avb or not avb["rows"]:
+        return None
+    slow = set(avb["slow"])
+    rows = [{**r, "plans_text": "; ".join(_plan_text(p) for p in r["plans"])} for r in avb["rows"]]
+    return {**avb, "rows": rows, "slow_rows": [r for r in rows if r["cell"] in slow],
+            "limit_pct": f"{(avb['limit'] - 1) * 100:.0f}%"}
+
+
+def _plan_text(plan: Mapping[str, Any]) -> str:
+    """`sdpa 1.23 ms 512 MiB`, or `flex skipped: <reason>`: one plan of a call, for the details table."""
+    if plan["status"] != "ok":
+        return f"{plan['plan']} {plan['status']}: {plan['reason']}"
+    mem = f" {_fmt_mib(plan['peak_mem_bytes'])} MiB" if plan.get("peak_mem_bytes") is not None else ""
+    return f"{plan['plan']} {_fmt_ms(plan['median_ms'])} ms{mem}"
+
+
 def _length_rows(branch: Mapping[str, Any], cells_by_id: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for length in branch["lengths"]:
@@ -109,7 +140,8 @@ def _length_rows(branch: Mapping[str, Any], cells_by_id: Mapping[str, Mapping[st
         for cid in length["cells"]:
             v = cells_by_id[cid]["verdict"]
             counts[v] = counts.get(v, 0) + 1
-        rows.append({**length, "counts": ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))})
+        rows.append({**length, "cls": length.get("class", "—"),
+                     "counts": ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))})
     return rows
 
 
@@ -162,6 +194,8 @@ def context(decision: Mapping[str, Any], previous: Mapping[str, Any] | None = No
         "other_failures": [f for f in decision["failures"] if f["id"] not in in_failed_cells],
         "branch_cells": branch_cells,
         "length_rows": {n: _length_rows(b, cells_by_id) for n, b in decision["branches"].items()},
+        "class_rows": {n: _class_rows(b) for n, b in decision["branches"].items()},
+        "auto_vs_best": _auto_vs_best(decision),
         "other_cells": [_row(c) for c in decision["cells"] if c["id"] not in shown],
         "parity_failed": [p for p in decision["parity"] if not p["passed"]],
         "parity_passed": [p for p in decision["parity"] if p["passed"]],

@@ -111,6 +111,34 @@ def sweep(op: str, speedups: Mapping[int, float | str], cover: bool = True, **kw
     return cases
 
 
+def call_params(T: int, B: int = 1, Hq: int = 8, Hkv: int = 2, D: int = 64, dtype: str = "bf16") -> dict[str, Any]:
+    """The shape of one NSA call (`nsa_prefill` / `nsa_decode`) at the model's grid."""
+    return {"B": B, "T": T, "Hq": Hq, "Hkv": Hkv, "Dk": D, "Dv": D, "window": 512, "block": 32, "stride": 16,
+            "sel_block": 64, "sel_count": 16, "dtype": dtype}
+
+
+AUTO_LABEL = "auto:cmp=triton,sel=triton,win=torch_fa2"
+PLAN_BACKENDS = {"sdpa": "sdpa", "flex": "flex", "triton": "triton", "triton-fa2win": "triton+torch_fa2",
+                 "triton-flexwin": "triton+flex"}
+
+
+def auto_call(op: str, params: Mapping[str, Any], plans: Mapping[str, float | tuple[str, str]],
+              auto_backend: str = AUTO_LABEL, spread: float = TIGHT) -> list[dict[str, Any]]:
+    """One call of suite `auto` timed under each plan: a median in ms, or (status, reason) for a plan
+    that was skipped or failed. Each timed plan records a peak memory that grows with its time."""
+    cases = []
+    for plan, how in plans.items():
+        p = {**params, "plan": plan}
+        backend = auto_backend if plan == "auto" else PLAN_BACKENDS.get(plan, plan)
+        if isinstance(how, tuple):
+            cases.append(case("auto", op, backend, p, status=how[0], reason=how[1]))
+        else:
+            c = case("auto", op, backend, p, how, spread)
+            c["peak_mem_bytes"] = int(how * 2**28)
+            cases.append(c)
+    return cases
+
+
 def calibration(median_ms: float, spread: float, T: int = 4096, backend: str = "sdpa") -> list[dict[str, Any]]:
     """Replicas A and B of one sliding case, same true time."""
     return [case("calibration", "sliding", backend, {**sliding_params(T), "replica": r}, median_ms, spread)
@@ -165,7 +193,17 @@ def golden_document() -> dict[str, Any]:
     cases += sweep("selected", {1024: 0.8, 4096: 1.6, 16384: 4.0}, candidate="triton", suite="triton")
     cases += sweep("compressed", {1024: 2.0, 8192: 0.7}, candidate="triton", suite="triton")
     cases += sweep("selected", {4096: 0.5}, sel_count=8, candidate="triton", suite="triton")  # off-grid
+    # A second class (g16: 16 query heads, 1 KV head) where FA-2 wins from 1024: the proposal names classes.
+    cases += sweep("sliding", {1024: 1.6, 4096: 3.0}, Hq=16, Hkv=1)
     cases += calibration(2.0, 0.02) + calibration(0.01, 0.4, T=64)
+    # Auto against every plan: within 10% at 4096, slow at 16384 (a skipped plan), fine in decode (a failed one).
+    cases += auto_call("nsa_prefill", call_params(4096), {"auto": 2.0, "sdpa": 3.0, "flex": 2.2, "triton": 1.9})
+    cases += auto_call("nsa_prefill", call_params(16384), {
+        "auto": 9.0, "sdpa": 30.0, "triton-fa2win": 7.0,
+        "flex": ("skipped", "flex needs dk == dv on CUDA, got dk 192, dv 128")})
+    cases += auto_call("nsa_decode", call_params(8192, Hq=16, Hkv=1), {
+        "auto": 0.5, "sdpa": 0.6, "triton": ("failed", "triton: out of shared memory (98304 > 65536 bytes)")},
+        auto_backend="auto:cmp=triton,sel=triton,win=sdpa")
     nvml = {"available": True, "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "temperature_c": 41,
             "throttle_reasons": []}
     dispatch = {"fa2_min_len_win": {"value": -1, "source": "profiles.sm90"}}

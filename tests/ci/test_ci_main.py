@@ -26,8 +26,10 @@ def test_decide_then_report(tmp_path: Path, pristine_config: Path,
     out = tmp_path / "out" / "decision.json"
     assert main(["decide", "--results", str(res), "--config", str(pristine_config), "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("win sm90.fa2_min_len_win: -1 -> 2048: ")
-    assert lines[1].startswith("cmp sm90.fa2_min_len_cmp: -1 (unchanged): keeping -1")
+    # Only class g4 was measured, so the value to write names every class (a YAML flow mapping).
+    assert lines[0].startswith("win sm90.fa2_min_len_win: -1 -> {g1: -1, g2: -1, g4: 2048, g8: -1, g16: -1}: g4: ")
+    cmp = next(x for x in lines if x.startswith("cmp "))
+    assert cmp.startswith("cmp sm90.fa2_min_len_cmp: -1 (unchanged): keeping -1: no deciding FA-2 cell")
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["results_files"] == [str(res)] and doc["branches"]["win"]["classes"]["g4"]["proposed"] == 2048
     assert main(["report", "--decision", str(out), "--out-dir", str(tmp_path / "rep")]) == 0
@@ -59,14 +61,15 @@ def test_bad_input_exits_2_with_a_message(tmp_path: Path, pristine_config: Path,
     args = ["decide", "--results", str(res), "--config", str(pristine_config), "--out",
             str(tmp_path / "d.json")]
     expected = {"missing": "cannot read results file", "mixed_sm": "one GPU architecture",
-                "bad_config": "nsa.window must be set", "bad_json": "is not valid JSON"}[problem]
+                "bad_config": "threshold key runtime.fa2_min_len_cmpp is unknown; did you mean runtime.fa2_min_len_cmp?",
+                "bad_json": "is not valid JSON"}[problem]
     if problem == "missing":
         args[2] = str(tmp_path / "nope.json")
     elif problem == "mixed_sm":
         args.insert(3, str(write_results(tmp_path, fx.sweep("sliding", {2048: 2.0}), "l4.json", sm="sm89")))
     elif problem == "bad_config":
         (tmp_path / "c.yaml").write_text("decide: {margin: 1.2, confidence: 0.95}\n"
-                                         "runtime: {fa2_min_len_win: -1, fa2_min_len_cmp: -1}\n", encoding="utf-8")
+                                         "runtime: {fa2_min_len_win: -1, fa2_min_len_cmpp: -1}\n", encoding="utf-8")
         args[4] = str(tmp_path / "c.yaml")
     else:
         res.write_text("{", encoding="utf-8")

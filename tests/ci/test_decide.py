@@ -28,13 +28,24 @@ def test_clear_adopt_from_2048_is_proposed() -> None:
     doc = run(fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
     win = doc["branches"]["win"]["classes"]["g4"]
     assert [(x["T"], x["verdict"]) for x in win["lengths"]] == [
-        (256, "reject"), (512, "reject"), (1024, "reject"), (2048, "adopt"), (4096, "adopt"), (8192, "adopt")]
+        (256, "reject"), (512, "reject"), (1024, "reject"), (2048, "adopt"), (4096, "adopt"), (8192, "adopt"),
+        (16384, "adopt")]
     assert (win["current"], win["measured"], win["proposed"], win["changed"]) == (-1, 2048, 2048, True)
     assert cell(doc, "sliding", 4096)["ci_low"] > 1.2
-    assert doc["exit_code"] == 0 and doc["schema"] == "nsa-decision/1" and doc["profile"] == "sm90"
-    # No compressed cells: that branch keeps its value and says why.
-    cmp = doc["branches"]["cmp"]["classes"]["g4"]
-    assert cmp["changed"] is False and "no FA-2 cell of op compressed" in cmp["reason"]
+    assert doc["exit_code"] == 0 and doc["schema"] == "nsa-decision/2" and doc["profile"] == "sm90"
+    # Only class g4 (8 query / 2 KV heads) was measured: the other classes keep their value, so the
+    # value to write names every class.
+    branch = doc["branches"]["win"]
+    assert branch["proposed"] == {"g1": -1, "g2": -1, "g4": 2048, "g8": -1, "g16": -1} and branch["changed"]
+    assert branch["reason"].startswith("g4: FA-2 cleared 1.2x at every tested length >= 2048")
+    assert all(not e["changed"] and "no deciding FA-2 cell of op sliding in class" in e["reason"]
+               for c, e in branch["classes"].items() if c != "g4")
+    assert [(e["key"], e["class"]) for e in doc["decisions"][:5]] == [("fa2_min_len_win", c) for c in doc["classes"]]
+    # No compressed cells: that branch keeps its value and says why, once for every class.
+    cmp = doc["branches"]["cmp"]
+    assert cmp["changed"] is False and cmp["proposed"] == -1
+    assert "no deciding FA-2 cell of op compressed in any class" in cmp["reason"]
+    assert "no deciding FA-2 cell of op compressed in class g4" in cmp["classes"]["g4"]["reason"]
 
 
 def test_measured_value_already_in_force_is_not_a_proposal() -> None:
@@ -47,10 +58,11 @@ def test_measured_value_already_in_force_is_not_a_proposal() -> None:
 def test_current_value_falls_back_to_runtime_without_profile() -> None:
     doc = run(fx.sweep("sliding", {1024: 3.0}), fx.config(win=4096, runtime=(8192, -1)), sm="sm89")
     win = doc["branches"]["win"]["classes"]["g4"]
-    assert (win["current"], win["current_source"]) == (8192, "runtime.fa2_min_len_win")
+    # The source names the config ("config" for a parsed mapping, the file's name for a file).
+    assert (win["current"], win["current_source"]) == (8192, "config:runtime.fa2_min_len_win")
     assert (win["proposed"], win["changed"]) == (1024, True)
     doc = run(fx.sweep("sliding", {1024: 3.0}), fx.config(win=4096))
-    assert doc["branches"]["win"]["classes"]["g4"]["current_source"] == "profiles.sm90.fa2_min_len_win"
+    assert doc["branches"]["win"]["classes"]["g4"]["current_source"] == "config:profiles.sm90.fa2_min_len_win"
 
 
 def test_inconclusive_length_that_decides_keeps_current() -> None:
@@ -68,10 +80,12 @@ def test_inconclusive_below_a_reject_does_not_decide() -> None:
 
 
 def test_one_inconclusive_batch_size_stops_a_length() -> None:
-    cases = fx.sweep("sliding", {1024: 2.0, 2048: 3.0}) + fx.sweep("sliding", {1024: 2.0, 2048: "noisy"}, B=4)
+    cases = (fx.sweep("sliding", {1024: 2.0, 2048: 3.0, 4096: 3.0}) +
+             fx.sweep("sliding", {1024: 2.0, 2048: "noisy", 4096: 3.0}, B=4))
     doc = run(cases)
-    top = doc["branches"]["win"]["classes"]["g4"]["lengths"][-1]
-    assert top["T"] == 2048 and top["verdict"] == "inconclusive" and len(top["cells"]) == 2
+    lengths = {x["T"]: x for x in doc["branches"]["win"]["classes"]["g4"]["lengths"]}
+    assert [lengths[t]["verdict"] for t in (1024, 2048, 4096, 16384)] == ["adopt", "inconclusive", "adopt", "adopt"]
+    assert len(lengths[2048]["cells"]) == 2
     assert doc["branches"]["win"]["classes"]["g4"]["measured"] is None
 
 
@@ -176,8 +190,10 @@ def test_off_grid_other_backends_and_other_suites_are_reported_not_used() -> Non
     doc = run(cases)
     assert doc["branches"]["win"]["classes"]["g4"]["proposed"] == 2048
     assert doc["branches"]["cmp"]["classes"]["g4"]["proposed"] == 4096
-    used = {c["id"] for c in doc["cells"] if c["used_for_decision"]}
-    assert len(used) == 3
+    used = {(c["op"], c["T"]) for c in doc["cells"] if c["used_for_decision"]}
+    # fx.sweep extends each sweep to the decision grid's longest length (16384).
+    assert used == {("sliding", 2048), ("sliding", 8192), ("sliding", 16384), ("compressed", 4096),
+                    ("compressed", 16384)}
     notes = {c["note"] for c in doc["cells"] if not c["used_for_decision"]}
     assert notes == {"window 256 is not nsa.window 512", "suite sweep is reported only; suite fa2 decides",
                      "flex is not FA-2; reported only",
@@ -236,16 +252,22 @@ def test_results_from_two_architectures_are_refused() -> None:
 
 def test_shards_merge_but_a_case_twice_is_refused() -> None:
     conf = decide.DecideConfig.from_mapping(fx.config())
-    a, b = fx.document(fx.sweep("sliding", {1024: 2.0})), fx.document(fx.sweep("sliding", {2048: 2.0}))
+    # Shard a stops short of the grid's end, shard b covers it: together they decide.
+    a = fx.document(fx.sweep("sliding", {1024: 2.0}, cover=False))
+    b = fx.document(fx.sweep("sliding", {2048: 2.0}))
     assert decide.decide([("a", a), ("b", b)], conf)["branches"]["win"]["classes"]["g4"]["proposed"] == 1024
     with pytest.raises(decide.DecideError, match="case ids must be unique across results files"):
         decide.decide([("a", a), ("a2", a)], conf)
 
 
 @pytest.mark.parametrize(("mutate", "match"), [
-    (lambda c: c["decide"].update(margin=-1), "margin must be a positive number, got -1"),
-    (lambda c: c["decide"].update(confidence=95), "decide.confidence must be strictly between 0 and 1"),
-    (lambda c: c["nsa"].pop("window"), "nsa.window must be set"),
+    (lambda c: c["decide"].update(margin=-1), "decide.margin must be a finite number > 0, got -1"),
+    (lambda c: c["decide"].update(margin=float("inf")), "decide.margin must be a finite number > 0, got inf"),
+    (lambda c: c["decide"].update(confidence=95), "decide.confidence must be a number strictly between 0 and 1, "
+                                                 "got 95"),
+    (lambda c: c["nsa"].update(window=0), "nsa.window must be a positive int, got 0"),
+    (lambda c: c["nsa"].update(windw=512), "nsa key nsa.windw is unknown; did you mean nsa.window?"),
+    (lambda c: c["profiles"]["sm90"].update(fa2_min_len_win={"g3": 1}), "class 'g3' is unknown"),
 ])
 def test_bad_config_is_explained(mutate: Any, match: str) -> None:
     cfg = {k: dict(v) for k, v in fx.config().items()}
@@ -257,4 +279,48 @@ def test_bad_config_is_explained(mutate: Any, match: str) -> None:
 def test_repository_config_loads() -> None:
     from pathlib import Path
     conf = decide.load_config(Path(__file__).resolve().parents[2] / "configs" / "base.yaml")
-    assert (conf.margin, conf.confidence, conf.window, conf.cmp_block, conf.cmp_stride) == (1.2, 0.95, 512, 32, 16)
+    assert (conf.margin, conf.confidence) == (1.2, 0.95)
+    assert conf.grid == {"cmp_block": 32, "cmp_stride": 16, "sel_block": 64, "sel_count": 16, "window": 512}
+
+
+def test_a_missing_grid_field_takes_the_papers_value() -> None:
+    """The one loader fills an absent nsa field with the paper's value (nsa.settings.NSA_FIELDS)."""
+    cfg = {k: dict(v) for k, v in fx.config().items()}
+    del cfg["nsa"]["window"]
+    assert decide.DecideConfig.from_mapping(cfg).grid["window"] == 512
+
+
+def test_each_cell_says_what_auto_runs_under_the_config_in_force() -> None:
+    """auto_backend is Settings.planned(op, class, T, profile): per class, from the key's length up."""
+    cfg = fx.config()
+    cfg["profiles"]["sm90"]["fa2_min_len_win"] = {"g4": 2048, "g16": -1}
+    cfg["profiles"]["sm90"]["triton_min_len_win"] = {"g16": 4096}
+    cases = fx.sweep("sliding", {1024: 2.0, 2048: 2.0}, cover=False)
+    cases += fx.sweep("sliding", {2048: 2.0, 4096: 2.0}, Hq=16, Hkv=1, cover=False)
+    doc = run(cases, cfg)
+    got = {(c["cls"], c["T"]): (c["auto_backend"], c["auto_why"]) for c in doc["cells"]}
+    assert got[("g4", 1024)] == ("sdpa", "no sliding key holds at 1024 in g4")
+    assert got[("g4", 2048)] == ("fa2", "fa2_min_len_win[g4]=2048 <= 2048")
+    assert got[("g16", 2048)][0] == "sdpa"
+    assert got[("g16", 4096)] == ("triton", "triton_min_len_win[g16]=4096 <= 4096")
+    # The decision names the class's own value in force, and each length its class.
+    g16 = doc["branches"]["win"]["classes"]["g16"]
+    assert (g16["current"], g16["current_source"]) == (-1, "config:profiles.sm90.fa2_min_len_win.g16")
+    assert {x["class"] for x in g16["lengths"]} == {"g16"}
+
+
+def test_a_launch_bound_cell_decides_nothing() -> None:
+    cases = fx.sweep("sliding", {1024: 3.0}, sdpa_ms=0.02)  # both sides under decide.time_floor_ms
+    doc = run(cases)
+    assert not any(c["used_for_decision"] for c in doc["cells"])
+    assert all("launch-bound" in c["note"] for c in doc["cells"])
+    assert doc["branches"]["win"]["changed"] is False and doc["time_floor_ms"] == 0.05
+
+
+def test_a_class_short_of_the_decision_grid_keeps_its_value_while_another_decides() -> None:
+    cases = fx.sweep("sliding", {2048: 3.0, 4096: 3.0}, cover=False)  # g4 stops at 4096: a smoke run
+    cases += fx.sweep("sliding", {1024: 3.0}, Hq=16, Hkv=1)  # g16 reaches 16384
+    win = run(cases)["branches"]["win"]
+    assert win["classes"]["g4"]["proposed"] == -1 and "does not cover the decision grid" in win["classes"]["g4"]["reason"]
+    assert win["classes"]["g16"]["proposed"] == 1024
+    assert win["proposed"] == {"g1": -1, "g2": -1, "g4": -1, "g8": -1, "g16": 1024}

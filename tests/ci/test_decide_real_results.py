@@ -28,10 +28,11 @@ def test_real_h200_sweep_proposes_sliding_2048_and_keeps_compressed_off(tmp_path
     assert (win["proposed"], win["changed"]) == (2048, True)
     assert (cmp["proposed"], cmp["changed"]) == (-1, False)
     # A sweep without the triton suite leaves the triton keys alone and says why.
-    for name in ("triton_sel", "triton_cmp"):
+    for name in ("triton_sel", "triton_cmp", "triton_win"):
         b = d["branches"][name]
-        assert (b["proposed"], b["changed"], b["measured"]) == (-1, False, None)
+        assert (b["proposed"], b["changed"]) == (-1, False)
         assert "no triton case in suite triton" in b["reason"]
+        assert all(e["measured"] is None for e in b["classes"].values())
     assert d["triton"]["ran"] is False
     assert not d["failures"]
     assert d["noise_floor"]["worst_half_width"] < 0.03
@@ -45,10 +46,12 @@ def test_real_h200_sweep_against_the_live_config_is_consistent(tmp_path, pristin
     conf = decide.load_config(fx.REPO_CONFIG)
     assert live["profile"] == pristine["profile"] == "sm90" and not live["failures"]
     for name, b in live["branches"].items():
-        current = conf.current("sm90", b["key"])[0]
-        assert b["current"] == current and b["measured"] == pristine["branches"][name]["measured"]
-        assert b["proposed"] == (current if b["measured"] is None else b["measured"])
-        assert b["changed"] == (b["proposed"] != current)
+        for cls, e in b["classes"].items():
+            current = conf.current("sm90", b["key"], cls)[0]
+            assert e["current"] == current and e["measured"] == pristine["branches"][name]["classes"][cls]["measured"]
+            assert e["proposed"] == (current if e["measured"] is None else e["measured"])
+            assert e["changed"] == (e["proposed"] != current)
+        assert b["changed"] == any(e["changed"] for e in b["classes"].values())
     win = live["branches"]["win"]["classes"]["g4"]
     if win["current"] == 2048:  # the live file already holds this sweep's proposal: nothing to propose
         assert (win["proposed"], win["changed"]) == (2048, False)

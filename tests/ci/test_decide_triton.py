@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ci import decide, pr_plan
+from nsa import keys
 from tests.ci import fixtures as fx
 from tests.ci.test_decide import cell, run
 
@@ -56,7 +57,8 @@ def test_every_layout_must_adopt_at_a_length() -> None:
     cases = triton("compressed", {2048: 2.0, 8192: 3.0}) + triton("compressed", {2048: 1.0, 8192: 3.0}, B=4)
     tcmp = run(cases)["branches"]["triton_cmp"]["classes"]["g4"]
     assert [(x["T"], x["verdict"], len(x["cells"])) for x in tcmp["lengths"]] == [(2048, "reject", 2),
-                                                                                   (8192, "adopt", 2)]
+                                                                                   (8192, "adopt", 2),
+                                                                                   (16384, "adopt", 2)]
     assert tcmp["proposed"] == 8192
 
 
@@ -78,20 +80,25 @@ def test_both_families_decide_the_compressed_branch_independently() -> None:
     assert cell(doc, "compressed", 8192, backend="flash_attn")["branch"] == "cmp"
     assert cell(doc, "compressed", 8192, backend="triton", suite="triton")["branch"] == "triton_cmp"
     lines = decide.summary_lines(doc)
-    assert [line.split(":")[0] for line in lines] == ["win sm90.fa2_min_len_win", "cmp sm90.fa2_min_len_cmp",
-                                                      "triton_sel sm90.triton_min_len_sel",
-                                                      "triton_cmp sm90.triton_min_len_cmp"]
+    # One line per key, in the order nsa.keys declares them.
+    assert [line.split(":")[0] for line in lines] == [f"{k.decision_id} sm90.{k.name}" for k in keys.KEYS]
+    # Only class g4 was measured; the other classes keep what is in force (cmp: 1024 in every class).
     plan = pr_plan.build_plan(doc, "report", ())
-    assert plan.changes == {"fa2_min_len_cmp": -1, "triton_min_len_cmp": 8192}
+    assert plan.changes == {"fa2_min_len_cmp": {"g1": 1024, "g2": 1024, "g4": -1, "g8": 1024, "g16": 1024},
+                            "triton_min_len_cmp": {"g1": -1, "g2": -1, "g4": 8192, "g8": -1, "g16": -1}}
+    assert "cmp 1024 -> {g1: 1024, g2: 1024, g4: -1, g8: 1024, g16: 1024}" in plan.title
 
 
 def test_triton_cells_elsewhere_are_reported_not_used() -> None:
+    # Only the deciding sweep is extended to the grid's end; the reported-only ones stop at 8192
+    # (extended, the naive sweep's 16384 pair would repeat the sdpa case of the triton sweep).
     cases = triton("selected", {4096: 3.0})
-    cases += triton("selected", {8192: 0.5}, sel_count=8) + triton("selected", {8192: 0.5}, sel_block=32)
-    cases += triton("compressed", {8192: 0.5}, block=64)
-    cases += fx.sweep("selected", {8192: 0.5}, candidate="triton", suite="masked")
-    cases += fx.sweep("compressed", {8192: 0.5}, candidate="triton")  # suite fa2
-    cases += fx.sweep("selected", {8192: 0.5}, candidate="naive", suite="triton")
+    cases += triton("selected", {8192: 0.5}, sel_count=8, cover=False)
+    cases += triton("selected", {8192: 0.5}, sel_block=32, cover=False)
+    cases += triton("compressed", {8192: 0.5}, block=64, cover=False)
+    cases += fx.sweep("selected", {8192: 0.5}, candidate="triton", suite="masked", cover=False)
+    cases += fx.sweep("compressed", {8192: 0.5}, candidate="triton", cover=False)  # suite fa2
+    cases += fx.sweep("selected", {8192: 0.5}, candidate="naive", suite="triton", cover=False)
     doc = run(cases)
     assert doc["branches"]["triton_sel"]["classes"]["g4"]["proposed"] == 4096
     assert doc["branches"]["triton_cmp"]["classes"]["g4"]["measured"] is None
@@ -124,10 +131,11 @@ def test_cpu_results_never_propose_triton_thresholds() -> None:
 def test_fa2_only_results_keep_the_triton_keys() -> None:
     doc = run(fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
     assert doc["branches"]["win"]["classes"]["g4"]["proposed"] == 2048
-    for name in ("triton_sel", "triton_cmp"):
+    for name in ("triton_sel", "triton_cmp", "triton_win"):
         b = doc["branches"][name]
-        assert (b["current"], b["proposed"], b["changed"], b["measured"]) == (-1, -1, False, None)
+        assert (b["current"], b["proposed"], b["changed"]) == (-1, -1, False)
         assert "no triton case in suite triton" in b["reason"]
+        assert all(e["measured"] is None and e["lengths"] == [] for e in b["classes"].values())
 
 
 def test_config_without_triton_keys_decides_them_from_minus_one() -> None:
@@ -135,14 +143,14 @@ def test_config_without_triton_keys_decides_them_from_minus_one() -> None:
            "profiles": {"sm90": {"fa2_min_len_win": -1, "fa2_min_len_cmp": -1}}}
     doc = run(triton("selected", {4096: 3.0}), cfg)
     sel = doc["branches"]["triton_sel"]["classes"]["g4"]
-    assert (sel["current"], sel["current_source"]) == (-1, "default (-1, triton_min_len_sel absent)")
+    assert (sel["current"], sel["current_source"]) == (-1, "default (-1: triton_min_len_sel not set for sm90/g4)")
     assert (sel["proposed"], sel["changed"]) == (4096, True)
 
 
 def test_profile_value_in_force_is_the_current_one() -> None:
     doc = run(triton("selected", {4096: 3.0}), fx.config(tsel=4096))
     sel = doc["branches"]["triton_sel"]["classes"]["g4"]
-    assert (sel["current_source"], sel["changed"]) == ("profiles.sm90.triton_min_len_sel", False)
+    assert (sel["current_source"], sel["changed"]) == ("config:profiles.sm90.triton_min_len_sel", False)
     assert "already in force" in sel["reason"]
 
 

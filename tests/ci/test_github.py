@@ -370,7 +370,39 @@ def test_dry_run_proposes_a_triton_key_and_changes_only_its_line(
     minus = [line for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
     plus = [line for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
     assert (minus, plus) == (["-    triton_min_len_sel: -1"], ["+    triton_min_len_sel: 8192"])
-    assert "   sm90:   # Hopper: H100, H200\n" in diff  # the edited line is in the measured profile
+    # The edited line is in the measured profile: the nearest profile header above it is sm90's.
+    assert _profile_of_changed_line(diff, (pristine_config.parents[1] / "configs" / "base.yaml").read_text()) == "sm90"
+
+
+def test_dry_run_writes_a_per_class_proposal_as_one_flow_line(
+    run: Runner, fake: FakeGitHub, monkeypatch: pytest.MonkeyPatch, pristine_config: Path
+) -> None:
+    monkeypatch.chdir(pristine_config.parents[1])
+    doc = decision(win=(-1, -1))
+    doc["branches"]["win"] = {"key": "fa2_min_len_win", "current": -1, "changed": True, "reason": "g4, g8 measured",
+                              "proposed": {"g1": -1, "g2": -1, "g4": 2048, "g8": 1024, "g16": -1}}
+    rc, out, _ = run(doc, "--dry-run")
+    assert rc == 0 and "outcome=dry-run" in out and fake.log == []
+    plan = json.loads((run.tmp / "pr" / "pr.json").read_text())
+    assert "win -1 -> {g1: -1, g2: -1, g4: 2048, g8: 1024, g16: -1}" in plan["title"]
+    diff = (run.tmp / "pr" / "config.diff").read_text()
+    plus = [line for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert plus == ["+    fa2_min_len_win: {g1: -1, g2: -1, g4: 2048, g8: 1024, g16: -1}"]
+    # A proposal that is neither an int nor a class -> int mapping is refused before anything is written.
+    doc["branches"]["win"]["proposed"] = {"g3": 1}
+    rc, _, err = run(doc, "--dry-run")
+    assert rc == 2 and "current and proposed (int or class -> int)" in err
+
+
+def _profile_of_changed_line(diff: str, config: str) -> str:
+    """The `profiles:` block holding the diff's first changed line of ``config``."""
+    hunk = next(line for line in diff.splitlines() if line.startswith("@@"))
+    start = int(hunk.split()[1].split(",")[0].lstrip("-"))
+    body = [line for line in diff.splitlines()[diff.splitlines().index(hunk) + 1:] if not line.startswith("+")]
+    changed = start + next(i for i, line in enumerate(body) if line.startswith("-"))
+    lines = config.splitlines()
+    header = next(line for line in reversed(lines[:changed - 1]) if line.startswith("  ") and not line.startswith("   "))
+    return header.split(":")[0].strip()
 
 
 @pytest.mark.parametrize("value", ["false", ""])

@@ -79,7 +79,15 @@ def test_load_report_collects_report_and_plots(tmp_path: Path) -> None:
         ({"branches": {}}, r"decision\.branches must be a non-empty mapping"),
         (
             {"branches": {"win": {"key": "k", "current": "-1", "proposed": 1, "changed": True}}},
-            r"decision\.branches\.win must have key \(str\), current and proposed \(int\)",
+            r"decision\.branches\.win must have key \(str\), current and proposed \(int or class -> int\)",
+        ),
+        (
+            {"branches": {"win": {"key": "k", "current": -1, "proposed": {"g3": 1}, "changed": True}}},
+            r"decision\.branches\.win must have key \(str\), current and proposed \(int or class -> int\)",
+        ),
+        (
+            {"branches": {"win": {"key": "k", "current": -1, "proposed": {"g4": True}, "changed": True}}},
+            r"decision\.branches\.win must have key \(str\), current and proposed \(int or class -> int\)",
         ),
     ],
 )

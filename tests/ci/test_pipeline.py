@@ -38,12 +38,18 @@ def test_fixture_results_run_every_stage_and_dry_run_the_pr(tmp_path: Path, pris
     out = tmp_path / "out"
     assert main(["pipeline", "--results", res, "--config", str(pristine_config), "--out-dir", str(out)]) == 0
     text = capsys.readouterr().out
-    assert json.loads((out / "decision.json").read_text())["branches"]["win"]["proposed"] == 2048
+    per_class = {"g1": -1, "g2": -1, "g4": 2048, "g8": -1, "g16": -1}  # only class g4 was measured
+    assert json.loads((out / "decision.json").read_text())["branches"]["win"]["proposed"] == per_class
     assert (out / "report" / "report.md").is_file() and (out / "report" / "speedup_win.png").is_file()
     pr = json.loads((out / "pr" / "pr.json").read_text())
     assert pr["outcome"] == "dry-run" and pr["reason"] == "no GITHUB_TOKEN or GH_TOKEN"
     assert "  sweep   skipped" in text and f"--results {res}" in text
-    assert "thresholds (sm90, NVIDIA H100 80GB HBM3): win -1 -> 2048, cmp -1 (unchanged)" in text
+    assert ("thresholds (sm90, NVIDIA H100 80GB HBM3): win -1 -> {g1: -1, g2: -1, g4: 2048, g8: -1, g16: -1}, "
+            "triton_win -1 (unchanged)") in text
+    # The dry run's config diff writes the per-class value as one flow-mapping line of the sm90 block.
+    diff = (out / "pr" / "config.diff").read_text()
+    assert [x for x in diff.splitlines() if x[:1] in "+-" and x[:3] not in ("+++", "---")] == [
+        "-    fa2_min_len_win: -1", "+    fa2_min_len_win: {g1: -1, g2: -1, g4: 2048, g8: -1, g16: -1}"]
     assert f"report: {out / 'report' / 'report.md'}" in text
     assert "outcome dry-run" in text and text.rstrip().endswith("outcome: ok")
 

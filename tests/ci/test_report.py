@@ -16,9 +16,18 @@ import jinja2
 import pytest
 
 from ci import compare, decide, report
+from nsa import keys
 from tests.ci import fixtures as fx
 
 GOLDEN = Path(__file__).parent / "golden"
+BRANCHES = tuple(k.decision_id for k in keys.KEYS)  # the report's branch sections, in declaration order
+
+
+def section(text: str, heading: str) -> str:
+    """From `heading` to the next `## ` heading (or the end)."""
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:] if end < 0 else text[start:end + 1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -48,7 +57,7 @@ def check_golden(name: str, text: str) -> None:
 
 def test_report_matches_golden() -> None:
     text = report.render_report(golden_decision(), previous_results(), "previous.json",
-                                {name: f"speedup_{name}.png" for name in ("win", "cmp", "triton_sel", "triton_cmp")})
+                                {name: f"speedup_{name}.png" for name in BRANCHES})
     check_golden("report.md", text)
 
 
@@ -60,15 +69,14 @@ def test_summary_matches_golden_and_is_small() -> None:
 
 def test_report_leads_with_failures_and_holds_every_section() -> None:
     text = report.render_report(golden_decision())
-    order = ["## Failed cells", "## Device and versions", "## Method", "## Noise floor",
-             "## Branch win", "## Branch cmp", "## Branch triton_sel", "## Branch triton_cmp", "## Parity",
-             "## Skipped cases"]
+    order = ["## Failed cells", "## Auto against the best plan", "## Device and versions", "## Method",
+             "## Noise floor", *(f"## Branch {name}" for name in BRANCHES), "## Parity", "## Skipped cases"]
     positions = [text.index(h) for h in order]
     assert positions == sorted(positions)
     assert "parity failed" in text[positions[0]:positions[1]]
     assert "| nvml.sm_clock_mhz | 1980 |" in text and "| nvml.temperature_c | 41 |" in text
     assert "| warmup_ms | 25 |" in text and "- dispatch: fa2_min_len_win=(value=-1, source=profiles.sm90)" in text
-    assert "| 2048 | 512 | B1 Hq8/Hkv2 D64 bf16 | flash_attn |" in text
+    assert "| 2048 | g4 | 512 | B1 Hq8/Hkv2 D64 bf16 | flash_attn |" in text
     assert "torch_fa2 needs torch >= 2.6" in text
     assert "## Comparison" not in text and "FA-2 was unavailable" not in text
 
@@ -122,6 +130,7 @@ def test_write_report_writes_markdown_and_plots(tmp_path: Path) -> None:
     prev.write_text(json.dumps(previous_results()), encoding="utf-8")
     written = report.write_report(decision_path, tmp_path / "report", prev)
     names = sorted(p.name for p in written)
+    # Every key with timed cells in its suite gets a plot (the golden document has no triton_win cell).
     assert names == ["report.md", "speedup_cmp.png", "speedup_triton_cmp.png", "speedup_triton_sel.png",
                      "speedup_win.png", "summary.md"]
     for png in ("speedup_win.png", "speedup_cmp.png", "speedup_triton_sel.png", "speedup_triton_cmp.png"):
@@ -134,16 +143,17 @@ def test_write_report_writes_markdown_and_plots(tmp_path: Path) -> None:
 
 def test_triton_tables_hold_only_suite_triton_cells_with_their_grid() -> None:
     text = report.render_report(golden_decision())
-    sel = text[text.index("## Branch triton_sel"):text.index("## Branch triton_cmp")]
-    assert "| T | l, d, l', n | shape | candidate |" in sel
-    assert "| 4096 | 32, 16, 64, 16 | B1 Hq8/Hkv2 D64 bf16 | triton |" in sel and "| adopt | yes |" in sel
+    sel = section(text, "## Branch triton_sel")
+    assert "| T | class | l, d, l', n | shape | candidate |" in sel
+    assert "| 4096 | g4 | 32, 16, 64, 16 | B1 Hq8/Hkv2 D64 bf16 | triton |" in sel and "| adopt | yes |" in sel
     assert "l'=64, n=8 is not nsa.sel_block/sel_count 64/16" in sel
     assert "flash_attn" not in sel
-    cmp = text[text.index("## Branch triton_cmp"):text.index("## Other comparisons")]
-    assert "| 8192 | 32, 16 | B1 Hq8/Hkv2 D64 bf16 | triton |" in cmp and "flash_attn" not in cmp
+    cmp = section(text, "## Branch triton_cmp")
+    assert "| 8192 | g4 | 32, 16 | B1 Hq8/Hkv2 D64 bf16 | triton |" in cmp and "flash_attn" not in cmp
     head = text[:text.index("## Failed cells")]
-    assert "| triton_sel | `triton_min_len_sel` | -1 (`profiles.sm90.triton_min_len_sel`) | 4096 | **changed** |" in head
-    assert "Triton cleared 1.2x only at 1024, not at the longest tested length 8192" in head
+    assert ("| triton_sel | `triton_min_len_sel` | -1 (`profiles.sm90.triton_min_len_sel (per class: see classes)`) | "
+            "{g1: -1, g2: -1, g4: 4096, g8: -1, g16: -1} | **changed** |") in head
+    assert "Triton cleared 1.2x only at 1024, not at the longest tested length 16384" in head
     assert "No Triton threshold can be proposed" not in head
 
 
@@ -158,8 +168,8 @@ def test_fa2_only_run_says_the_triton_kernels_were_not_measured() -> None:
 
 def test_decision_file_from_before_the_triton_keys_still_renders() -> None:
     decision = golden_decision()
-    del decision["triton"]
-    for name in ("triton_sel", "triton_cmp"):
+    del decision["triton"], decision["auto_vs_best"]
+    for name in [n for n in decision["branches"] if n.startswith("triton")]:
         del decision["branches"][name]
     for b in decision["branches"].values():
         for key in ("family", "candidate", "suite"):
@@ -180,7 +190,7 @@ def test_no_plot_for_a_branch_without_timed_cells(tmp_path: Path) -> None:
 def test_bad_decision_files_are_explained(tmp_path: Path) -> None:
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps({"schema": "something/else"}), encoding="utf-8")
-    with pytest.raises(report.ReportError, match="must have schema 'nsa-decision/1'"):
+    with pytest.raises(report.ReportError, match="must have schema 'nsa-decision/2'"):
         report.load_decision(wrong)
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({"schema": decide.SCHEMA, "branches": {}}), encoding="utf-8")
