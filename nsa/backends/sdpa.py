@@ -32,8 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nsa.backends import AttnCall
-from nsa.masks import (compressed_mask, n_compressed, positions, selected_mask, selected_tokens,
-                       sliding_mask)
+from nsa.masks import compressed_mask, n_compressed, positions, selected_mask, selected_tokens, sliding_mask
 
 # Largest whole-sequence mask (Tq * Tk elements) the short path builds; above it, query chunks.
 # 2**24 = 4096 x 4096: the band at T = 4k is one 16 MiB mask and one call, while at T >= 8k a
@@ -46,6 +45,10 @@ FULL_MASK_ELEMENTS = 1 << 24
 CHUNK_ELEMENTS = 1 << 26
 # Fewest queries per sliding chunk: with a tiny window a chunk of w queries would mean T/w calls.
 MIN_SLIDING_CHUNK = 128
+# The gathered selected path batches (batch, chunk query) pairs; CUDA's memory-efficient SDPA
+# launches one grid row per batch entry and fails past 2**16 - 1 in some torch versions
+# (pytorch/pytorch#146704), which tiny heads and dims could otherwise reach.
+MAX_SDPA_BATCH = (1 << 16) - 1
 
 
 def unavailable_reason(device: torch.device | str | None = None) -> str | None:
@@ -84,10 +87,10 @@ def selected_chunk(bsz: int, hq: int, hkv: int, tq: int, n_tokens: int, dk: int,
 
     Per query: `Hkv * n * l'` gathered keys and values (`dk + dv` each) and about four index or
     flag tensors of that many entries, and `Hq * n * l'` scores/mask; the chunk keeps the sum
-    within CHUNK_ELEMENTS.
+    within CHUNK_ELEMENTS, and `B * C` within MAX_SDPA_BATCH.
     """
     per_query = bsz * n_tokens * (hkv * (dk + dv + 4) + hq)
-    return max(1, min(tq, CHUNK_ELEMENTS // max(1, per_query)))
+    return max(1, min(tq, CHUNK_ELEMENTS // max(1, per_query), MAX_SDPA_BATCH // bsz))
 
 
 def fix_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -167,23 +170,23 @@ def compressed(call: AttnCall) -> Tensor:
     """`[B, Tq, Hq, Dk]` queries at `q_start ..` over compressed keys `[B, Tc, Hkv, D*]` ->
     `[B, Tq, Hq, Dv]`; token i visible to t iff `i*d + l - 1 <= t`, none visible gives 0.
     Memory: `O(Tq * Tc)` mask when `use_full_mask`, else `O(B * Hq * C * Tc)` per chunk."""
-    q, k, v, l, d = call.q, call.k, call.v, call.block, call.stride
+    q, k, v, blk, d = call.q, call.k, call.v, call.block, call.stride
     tq, tc = q.shape[1], k.shape[1]
     dev = str(q.device)
     if use_full_mask(tq, tc):
-        fixed = _static_mask("compressed", call.q_start, 0, l, d, tq, tc, dev)
+        fixed = _static_mask("compressed", call.q_start, 0, blk, d, tq, tc, dev)
         return masked_attention(q, k, v, fixed[0], call.scale, fixed)
     c = compressed_chunk(q.shape[0], q.shape[2], tq, tc)
     out = q.new_zeros(*q.shape[:3], v.shape[-1])
     for c0 in range(0, tq, c):
         c1 = min(tq, c0 + c)
-        m = min(tc, n_compressed(call.q_start + c1, l, d))      # n_cmp of the chunk's last query
+        m = min(tc, n_compressed(call.q_start + c1, blk, d))    # n_cmp of the chunk's last query
         if m == 0:
             continue                                             # nothing visible: stays 0
-        mask = compressed_mask(positions(call.q_start + c0, c1 - c0, dev), m, l, d)
+        mask = compressed_mask(positions(call.q_start + c0, c1 - c0, dev), m, blk, d)
         # Only a chunk whose first query precedes position l - 1 has empty rows: decided on ints,
         # so the other chunks skip fix_empty_rows' device sync.
-        fixed = fix_empty_rows(mask) if n_compressed(call.q_start + c0 + 1, l, d) == 0 else (mask, None)
+        fixed = fix_empty_rows(mask) if n_compressed(call.q_start + c0 + 1, blk, d) == 0 else (mask, None)
         out[:, c0:c1] = masked_attention(q[:, c0:c1], k[:, :m], v[:, :m], mask, call.scale, fixed)
     return out
 
