@@ -7,8 +7,8 @@ Each branch has two regimes, chosen by element counts (`use_full_mask`):
 - Short (`Tq * Tk <= FULL_MASK_ELEMENTS`, 2**24: T <= 4096 for sliding and selected; compressed
   with l=32, d=16 up to T ~ 16k): one SDPA call over a whole-sequence mask, `[Tq, Tk]` band
   (sliding) or `[Tq, Tc]` staircase (compressed), built once per shape and cached; selected:
-  `[B, Hq, C, Tk]` block masks per chunk of C queries. One call is the fastest form here, and
-  the cached mask costs at most 16 MiB.
+  `[B, Hq, C, Tk]` block masks per chunk of C queries, while also `Tk <= SELECTED_MASK_SPAN *
+  n * l'`. One call is the fastest form here, and the cached mask costs at most 16 MiB.
 - Long: chunks of C queries that read only what they can see.
 
       sliding     chunk [c0, c1) reads keys [c0 - w + 1, c1): mask C x (C + w - 1);
@@ -45,6 +45,11 @@ FULL_MASK_ELEMENTS = 1 << 24
 CHUNK_ELEMENTS = 1 << 26
 # Fewest queries per sliding chunk: with a tiny window a chunk of w queries would mean T/w calls.
 MIN_SLIDING_CHUNK = 128
+# The selected short path reads every key for every query, the gathered one n * l' per query but
+# each through an index gather; masking stays while Tk <= SELECTED_MASK_SPAN * n * l' (paper
+# n * l' = 1024: prefill to 4k, and decode steps to t = 4k, which otherwise would read all t keys).
+# A guess from the byte counts, not yet tuned on a GPU.
+SELECTED_MASK_SPAN = 4
 # The gathered selected path batches (batch, chunk query) pairs; CUDA's memory-efficient SDPA
 # launches one grid row per batch entry and fails past 2**16 - 1 in some torch versions
 # (pytorch/pytorch#146704), which tiny heads and dims could otherwise reach.
@@ -194,9 +199,11 @@ def compressed(call: AttnCall) -> Tensor:
 def selected(call: AttnCall) -> Tensor:
     """`[B, Tq, Hq, Dk]` queries over raw keys `[B, Tk, Hkv, D*]` and `block_indices [B, Tq, Hkv, n]`
     -> `[B, Tq, Hq, Dv]`: query t reads the tokens `<= t` of its group's selected blocks.
-    Memory: `O(B * Hq * C * Tk)` mask per chunk when `use_full_mask`, else gathered
+    Memory: `O(B * Hq * C * Tk)` mask per chunk on the short path, else gathered
     `O(B * C * Hkv * n * l' * (dk + dv))` per chunk (see `selected_chunk`)."""
-    if not use_full_mask(call.q.shape[1], call.k.shape[1]):
+    n_tok = call.block_indices.shape[-1] * call.sel_block
+    tk = call.k.shape[1]
+    if not use_full_mask(call.q.shape[1], tk) or tk > SELECTED_MASK_SPAN * n_tok:
         return _selected_gathered(call)
     q, k, v = call.q, call.k, call.v
     bsz, tq, hq, _ = q.shape

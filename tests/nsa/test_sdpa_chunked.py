@@ -119,6 +119,23 @@ def test_chunked_paths_decode_and_continued_prefill_match(long_path, monkeypatch
     assert rel_err(cut, full) < 1e-5 and rel_err(cut, out) > 1e-3
 
 
+def test_selected_decode_over_a_long_cache_gathers(monkeypatch, seed):
+    # Default thresholds: a prefill of 101 tokens masks (Tk <= 4 * n * l'), one decode step over
+    # 1000 cached keys gathers its n * l' = 64 tokens instead of masking all 1000.
+    gathered = []
+    real = sdpa._selected_gathered
+    monkeypatch.setattr(sdpa, "_selected_gathered", lambda call: gathered.append(call.q.shape[1]) or real(call))
+    q, k, v = qkv(1, 1000, 8, 2, 16, 8)
+    kc, _ = ops.compress_kv(k, v, block=8, stride=4)
+    ops.selected_attention(q[:, :101], k[:, :101], v[:, :101], ops.select_blocks(q[:, :101], kc[:, :24], **BR),
+                           sel_block=16, backend="sdpa")
+    assert gathered == []
+    idx = ops.select_blocks(q[:, -1:], kc, **BR, q_start=999)
+    out = ops.selected_attention(q[:, -1:], k, v, idx, sel_block=16, backend="sdpa", q_start=999)
+    assert gathered == [1]
+    assert rel_err(out, reference.selected_attention(q[:, -1:], k, v, idx, sel_block=16, q_start=999)) < 1e-5
+
+
 def test_short_and_long_paths_agree_in_half_precision(long_path, monkeypatch, seed):
     b, t, hq, hkv, dk, dv, w = 1, 77, 4, 2, 16, 8, 11
     q, k, v = qkv(b, t, hq, hkv, dk, dv, dtype=torch.bfloat16)
