@@ -82,7 +82,8 @@ def test_chunked_selected_padding_duplicates_and_empty_rows(long_path, seed):
     n_blocks = (t + 15) // 16
     idx = torch.randint(-1, n_blocks, (b, t, hkv, 5))
     idx[:, :, :, 4] = idx[:, :, :, 1]                   # a duplicate in every row
-    idx[0, 10:13, 1] = -1                               # three rows with nothing selected
+    idx[0, 10:13, 1] = -1                               # three rows with nothing selected ...
+    idx[0, 10:13, 0, 0] = 0                             # ... beside rows that see block 0
     long_path(_sel_per_query(shape, 5, 16))
     out = ops.selected_attention(q, k, v, idx, sel_block=16, backend="sdpa")
     assert rel_err(out, reference.selected_attention(q, k, v, idx, sel_block=16)) < 1e-5
