@@ -98,6 +98,15 @@ def _has_nan(value: Any) -> bool:
     return False
 
 
+def _check_peak_mem(value: Any, where: str, errors: list[str]) -> None:
+    """`peak_mem_bytes` is optional (absent or None on a CPU); when present, bytes as an int."""
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        errors.append(f"{where}: peak_mem_bytes must be a non-negative int (bytes) or absent, got {value!r}; "
+                      "record torch.cuda.max_memory_allocated() as an int")
+
+
 def validate(doc: Any) -> list[str]:
     """Every way `doc` breaks schema version 1, as readable strings (empty when valid)."""
     errors: list[str] = []
@@ -139,6 +148,7 @@ def validate(doc: Any) -> list[str]:
             errors.append(f"{where}: a {status} case needs a reason")
         if case.get("parity") is not None:
             _require(case["parity"], PARITY_FIELDS, f"{where}.parity", errors)
+        _check_peak_mem(case.get("peak_mem_bytes"), where, errors)
         if _has_nan(case):
             errors.append(f"{where} holds NaN or infinity; record the case as failed instead")
     return errors

@@ -12,6 +12,11 @@ with a capture (`Workload.captures`, a stateful decode step) is timed as the rep
 the others are captured by the clock. A variant that still needs a setup, or a capture that
 raises, makes the whole cell run eagerly; every case of the cell records `cuda_graph` (and
 `cuda_graph_error` when a capture raised).
+
+Peak memory: after timing, each timed variant makes one more call of its own between a reset
+and a read of the device's peak counter (`bench.timing.peak_memory`), recorded as
+`peak_mem_bytes` (absent on a CPU, which has no counter). It counts everything allocated on the
+device meanwhile, inputs included: compare variants of one cell.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any, TextIO
 
 from bench import results
 from bench.cases import Cell, Workload
-from bench.timing import Clock, Timer, default_clock, measure
+from bench.timing import Clock, Timer, default_clock, measure, peak_memory
 
 TIMERS = {
     "smoke": Timer(warmup_ms=5, rep_ms=20, min_rep=5),
@@ -182,8 +187,17 @@ def _run_workload(cell: Cell, work: Workload, records: dict[str, dict[str, Any]]
     except Exception as exc:  # noqa: BLE001
         on_error(pending, exc, "while timing")
         return
+    try:
+        # Its own calls, not the timed ones: those are interleaved, so one counter would mix variants.
+        peaks = peak_memory(fns, clock=opts.clock if opts.clock is not None else default_clock(opts.device),
+                            setup=setups)
+    except Exception as exc:  # noqa: BLE001
+        on_error(pending, exc, "while measuring peak memory")
+        return
     for key in pending:
         records[key].update(status="ok", timing=results.timing_summary(samples[key]))
+        if peaks[key] is not None:
+            records[key]["peak_mem_bytes"] = peaks[key]
 
 
 def _capture(work: Workload, pending: list[str], fns: dict[str, Callable], setups: dict[str, Callable],

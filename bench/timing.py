@@ -19,6 +19,10 @@ Method (after triton's `do_bench`, extended to several candidates):
 `cuda_graph=True` captures each candidate in a CUDA graph and times replays, which removes the
 CPU launch overhead of microsecond kernels. The clock is injectable (`measure(..., clock=)`),
 which is how the tests check order and counts on a fake clock.
+
+Peak memory (`peak_memory`): interleaved repeats cannot be told apart, so each candidate gets one
+more, untimed call of its own, bracketed by the clock's peak-memory counter (CUDA's
+`reset_peak_memory_stats` / `max_memory_allocated`; a CPU clock has none and reports None).
 """
 
 from __future__ import annotations
@@ -77,6 +81,8 @@ class Clock(Protocol):
     def synchronize(self) -> None: ...
     def flush(self) -> None: ...
     def wrap(self, fn: Callable[[], Any]) -> Callable[[], Any]: ...
+    def reset_peak(self) -> None: ...
+    def peak_bytes(self) -> int | None: ...
 
 
 class CpuClock:
@@ -107,6 +113,12 @@ class CpuClock:
 
     def wrap(self, fn: Callable[[], Any]) -> Callable[[], Any]:
         return fn
+
+    def reset_peak(self) -> None:
+        pass
+
+    def peak_bytes(self) -> int | None:
+        return None
 
 
 class CudaClock:
@@ -157,6 +169,12 @@ class CudaClock:
             fn()
         torch.cuda.synchronize()
         return graph.replay
+
+    def reset_peak(self) -> None:
+        self._torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak_bytes(self) -> int | None:
+        return int(self._torch.cuda.max_memory_allocated(self.device))
 
 
 def _nop() -> None:
@@ -250,3 +268,29 @@ def measure(fns: dict[str, Callable[[], Any]], timer: Timer, *, clock: Clock | N
             raise RuntimeError(f"{name}: the clock returned a non-finite or negative time; "
                                "is the candidate running on another stream?")
     return samples
+
+
+def peak_memory(fns: dict[str, Callable[[], Any]], *, clock: Clock,
+                setup: dict[str, Callable[[], Any]] | None = None) -> dict[str, int | None]:
+    """Peak device memory of one call of each candidate, in bytes; None where `clock` has no
+    memory counter (CPU).
+
+    Per candidate, alone: its `setup` (if any), synchronize, reset the peak counter, one call,
+    synchronize, read the counter. Run it after `measure` so compilation and autotuning are done.
+    The peak counts everything allocated on the device meanwhile (the cell's inputs, the L2
+    flush buffer, state other candidates hold), so it compares candidates of one cell: the
+    difference between two is the difference of their working memory. A clock without a
+    counter makes no call at all (CPU runs pay nothing). Exceptions propagate.
+    """
+    if clock.peak_bytes() is None:
+        return dict.fromkeys(fns)
+    setup = setup or {}
+    peaks: dict[str, int | None] = {}
+    for name, fn in fns.items():
+        setup.get(name, _nop)()
+        clock.synchronize()
+        clock.reset_peak()
+        fn()
+        clock.synchronize()
+        peaks[name] = clock.peak_bytes()
+    return peaks

@@ -57,6 +57,28 @@ def selected_mask(block_indices: Tensor, q_pos: Tensor, k_pos: Tensor, sel_block
     return by_key.permute(0, 2, 1, 3) & causal
 
 
+def selected_tokens(block_indices: Tensor, q_pos: Tensor, sel_block: int, k_start: int,
+                    n_keys: int) -> tuple[Tensor, Tensor]:
+    """The raw tokens each (query, KV group) reads, as gather indices: the list form of `selected_mask`.
+
+    `block_indices [B, Tq, Hkv, n]` (`-1` = empty slot) for queries at positions `q_pos [Tq]`; keys
+    sit at positions `k_start .. k_start + n_keys - 1`. Slot j stands for tokens
+    `[idx*l', (idx+1)*l')`. Returns `(key, visible)`, both `[B, Tq, Hkv, n * l']`: the key index
+    of each token (0 where not visible, so gathering with it is always in range) and whether it
+    counts: its slot is not `-1`, does not repeat an earlier slot of the row (a duplicate block
+    must not enter the softmax twice, as it cannot in the mask form), the token is `<= t`, and
+    its key exists. Memory: `O(B * Tq * Hkv * n * l')` plus `O(B * Tq * Hkv * n^2)` for duplicates.
+    """
+    same = block_indices[..., :, None] == block_indices[..., None, :]       # [B, Tq, Hkv, n, n]
+    repeat = same.tril(-1).any(-1)                                          # equals an earlier slot
+    slot_ok = (block_indices >= 0) & ~repeat
+    tok = block_indices[..., None] * sel_block + torch.arange(sel_block, device=block_indices.device)
+    key = tok - k_start                                                     # [B, Tq, Hkv, n, l']
+    visible = slot_ok[..., None] & (tok <= q_pos[None, :, None, None, None]) & (key >= 0) & (key < n_keys)
+    key = torch.where(visible, key, torch.zeros_like(key))
+    return key.flatten(3), visible.flatten(3)
+
+
 def cmp_query_buckets(q_start: int, tq: int, block: int, stride: int) -> tuple[int, int, Tensor]:
     """Group queries of equal visible compressed count, for kernels without a staircase mask.
 

@@ -96,6 +96,9 @@ def compressed_attention(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int,
         3..4   x . . .
         5..6   x x . .
         7..8   x x x .
+
+    Memory (backend `sdpa`): one cached `[Tq, Tc]` mask while `Tq * Tc <= 2**24`, else chunks of
+    queries over the compressed keys they can see, `O(B * Hq * C * Tc)` each (nsa.backends.sdpa).
     """
     validate_branch_params(cmp_block=block, cmp_stride=stride)
     _check_qkv(q, k_cmp, v_cmp, same_len=False, what="k_cmp")
@@ -132,6 +135,9 @@ def selected_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, *
 
     `block_indices`: int `[B, Tq, Hkv, n]` from `select_blocks` (`-1` slots ignored). Block j covers
     raw tokens `[j*l', (j+1)*l')`; tokens after t in the current block are masked.
+    Memory (backend `sdpa`): `[B, Hq, C, Tk]` masks per chunk while `Tq * Tk <= 2**24`; beyond,
+    each (query, group) gathers its `n * l'` tokens, `O(B * C * Hkv * n * l' * (dk + dv))` per
+    chunk, `O(Tq * n * l')` work in all (nsa.backends.sdpa).
     """
     validate_branch_params(sel_block=sel_block)
     _check_qkv(q, k, v, same_len=q_start == 0 and k_start == 0)
@@ -157,6 +163,9 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, *, window: int, sc
         2      x x x . .
         3      . x x x .
         4      . . x x x
+
+    Memory (backend `sdpa`): one cached `[Tq, Tk]` band while `Tq * Tk <= 2**24`; beyond, chunks
+    of C ~ w queries over their `C + w - 1` keys, `O(Tq * w)` in all (nsa.backends.sdpa).
     """
     validate_branch_params(window=window)
     _check_qkv(q, k, v, same_len=q_start == 0 and k_start == 0)

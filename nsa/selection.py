@@ -20,6 +20,37 @@ def overlap_weights(n_cmp: int, n_blocks: int, block: int, stride: int, sel_bloc
     return overlap.clamp_min(0).to(dtype)
 
 
+def overlap_bands(n_cmp: int, n_blocks: int, block: int, stride: int, sel_block: int,
+                  device: torch.device | str, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The nonzero band of `overlap_weights`, by selection block: `[Nb, K]` compressed-token
+    indices (ascending, clamped into range) and `[Nb, K]` shared-token weights (0 on padding).
+
+    Block j `[j*l', (j+1)*l')` meets compressed tokens `i` with `j*l' - l < i*d < (j+1)*l'`, at
+    most `K = (l + l') // d + 1` of them, so mapping a row of scores costs `O(Nb * K) ~ O(Tc)`
+    instead of the dense `[Tc, Nb]` product's `O(Tc * Nb)` (cubic in T over a prefill: at 128k
+    with the paper's shapes it was ~3e14 flops, most of the torch selection's time).
+    """
+    k = (block + sel_block) // stride + 1
+    lo = torch.arange(n_blocks, device=device) * sel_block                     # [Nb]
+    first = (torch.div(lo - block, stride, rounding_mode="floor") + 1).clamp_min(0)
+    idx = first[:, None] + torch.arange(k, device=device)                     # [Nb, K]
+    start = idx * stride
+    overlap = torch.minimum(start + block, lo[:, None] + sel_block) - torch.maximum(start, lo[:, None])
+    overlap = torch.where(idx < n_cmp, overlap.clamp_min(0), torch.zeros_like(overlap))
+    return idx.clamp_max(max(n_cmp - 1, 0)), overlap.to(dtype)
+
+
+def block_scores(p_cmp: Tensor, bands: tuple[Tensor, Tensor]) -> Tensor:
+    """`p_slc [..., Nb]` from `p_cmp [..., Tc]` and `overlap_bands`: `sum_i p_cmp[i] * overlap(i, j)`
+    over the band of block j, summed in ascending i (deterministic; blocks with equal inputs tie
+    exactly, as the tie rule needs). Memory: `[..., Nb, K]`, about `(1 + l/l') * Tc` per row."""
+    idx, weights = bands
+    if p_cmp.shape[-1] == 0:
+        return p_cmp.new_zeros(*p_cmp.shape[:-1], idx.shape[0])
+    band = p_cmp.index_select(-1, idx.flatten()).view(*p_cmp.shape[:-1], *idx.shape)
+    return (band * weights).sum(-1)
+
+
 def compressed_probs(q: Tensor, k_cmp: Tensor, q_pos: Tensor, *, block: int, stride: int,
                      scale: float) -> Tensor:
     """`p_cmp`, `[B, Hq, Tq, Tc]`: softmax over the visible compressed keys; 0 where none is visible.
@@ -69,19 +100,20 @@ def select_topn(group_scores: Tensor, q_pos: Tensor, *, sel_block: int, sel_coun
 def select_blocks_impl(q: Tensor, k_cmp: Tensor, q_start: int, *, block: int, stride: int,
                        sel_block: int, sel_count: int, scale: float) -> Tensor:
     """Scores and top-n, chunked over queries: peak memory `O(B * Hq * C * Tc)` for a chunk of C
-    queries (C chosen so that is at most CHUNK_ELEMENTS), plus the `[Tc, Nb]` overlap weights."""
+    queries (C chosen so that is at most CHUNK_ELEMENTS), plus the `[Nb, K]` overlap bands.
+    Time `O(B * Hq * Tq * Tc * dk)` for the scores; the block mapping is banded (`block_scores`)."""
     bsz, tq, hq, _ = q.shape
     hkv = k_cmp.shape[2]
     t_last = q_start + tq - 1
     n_blocks = t_last // sel_block + 1
     acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    weights = overlap_weights(k_cmp.shape[1], n_blocks, block, stride, sel_block, q.device, acc)
-    chunk = max(1, CHUNK_ELEMENTS // max(1, bsz * hq * max(k_cmp.shape[1], n_blocks)))
+    bands = overlap_bands(k_cmp.shape[1], n_blocks, block, stride, sel_block, q.device, acc)
+    chunk = max(1, CHUNK_ELEMENTS // max(1, bsz * hq * max(k_cmp.shape[1], bands[0].numel())))
     out = []
     for c0 in range(0, tq, chunk):
         q_pos = torch.arange(q_start + c0, q_start + min(tq, c0 + chunk), device=q.device)
         p_cmp = compressed_probs(q[:, c0:c0 + chunk], k_cmp, q_pos, block=block, stride=stride, scale=scale)
-        p_slc = p_cmp @ weights                                          # [B, Hq, C, Nb]
+        p_slc = block_scores(p_cmp, bands)                               # [B, Hq, C, Nb]
         group = p_slc.view(bsz, hkv, hq // hkv, *p_slc.shape[2:]).sum(2)  # Eq. 10
         out.append(select_topn(group, q_pos, sel_block=sel_block, sel_count=sel_count))
     return torch.cat(out, dim=1)

@@ -9,10 +9,12 @@ from typing import Any
 class FakeClock:
     name = "fake"
 
-    def __init__(self, flushes: bool = True) -> None:
+    def __init__(self, flushes: bool = True, peak: int | None = None) -> None:
         self.flushes = flushes
         self.now = 0.0
         self.log: list[tuple[str, ...]] = []
+        self.peak = peak          # what peak_bytes reports (None: no memory counter, like a CPU)
+        self.allocated = 0        # bytes "allocated" now; candidates may move it (see candidate)
 
     def marker(self) -> list[float | None]:
         return [None]
@@ -33,8 +35,18 @@ class FakeClock:
     def wrap(self, fn: Callable[[], Any]) -> Callable[[], Any]:
         return fn
 
-    def candidate(self, name: str, durations: float | list[float]) -> Callable[[], None]:
-        """A candidate that takes `durations` ms (cycled when a list) and logs its calls."""
+    def reset_peak(self) -> None:
+        self.log.append(("reset_peak",))
+        if self.peak is not None:
+            self.peak = self.allocated
+
+    def peak_bytes(self) -> int | None:
+        self.log.append(("peak",))
+        return self.peak
+
+    def candidate(self, name: str, durations: float | list[float], mem: int = 0) -> Callable[[], None]:
+        """A candidate that takes `durations` ms (cycled when a list), briefly needs `mem` bytes
+        on top of what is allocated, and logs its calls."""
         seq = durations if isinstance(durations, list) else [durations]
         count = [0]
 
@@ -42,6 +54,8 @@ class FakeClock:
             self.log.append(("call", name))
             self.now += seq[count[0] % len(seq)]
             count[0] += 1
+            if self.peak is not None:
+                self.peak = max(self.peak, self.allocated + mem)
         return fn
 
     def calls(self) -> list[str]:

@@ -7,7 +7,7 @@ import pytest
 
 from bench import machine, results, runner, suites
 from bench.cases import Cell
-from bench.timing import CudaClock, Timer, measure
+from bench.timing import CudaClock, Timer, measure, peak_memory
 
 pytestmark = pytest.mark.gpu
 
@@ -34,6 +34,19 @@ def test_cuda_graph_replays():
     assert len(samples["mm"]) == 10 and all(s > 0 for s in samples["mm"])
 
 
+def test_peak_memory_sees_each_candidates_own_allocation():
+    import torch
+
+    clock = CudaClock()
+    held = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")   # held throughout: in both peaks
+    base = torch.cuda.memory_allocated()   # also whatever earlier tests keep (the L2 flush buffer)
+    peaks = peak_memory({"big": lambda: torch.empty(256 << 20, dtype=torch.uint8, device="cuda"),
+                         "small": lambda: torch.empty(1 << 20, dtype=torch.uint8, device="cuda")}, clock=clock)
+    # The big call's peak must not leak into the small one's: the counter is reset in between.
+    assert peaks["big"] - base >= 256 << 20 > peaks["small"] - base >= 1 << 20
+    del held
+
+
 def test_fa2_cell_on_the_gpu():
     params = {"B": 1, "T": 1024, "Hq": 8, "Hkv": 2, "Dk": 64, "Dv": 64, "window": 256, "dtype": "bf16"}
     cell = Cell("fa2", "sliding", params, suites.load("fa2").VARIANTS[:2])
@@ -41,6 +54,7 @@ def test_fa2_cell_on_the_gpu():
     cases = runner.run_cell(cell, opts)
     assert [c["status"] for c in cases] == ["ok", "ok"], [c["reason"] for c in cases]
     assert cases[1]["backend"] in ("flash_attn", "torch_fa2") and cases[1]["parity"]["passed"]
+    assert all(isinstance(c["peak_mem_bytes"], int) and c["peak_mem_bytes"] > 0 for c in cases)
     results.check(runner.document(cases, opts, command="t", git_sha="unknown", machine=machine.machine_info("cuda")))
 
 

@@ -54,3 +54,11 @@ def test_failed_case_with_timing_is_rejected():
 def test_merge_keeps_every_shard_case():
     merged = results.merge([_doc([_case(T=256)]), _doc([_case(T=512)])])
     assert [c["params"]["T"] for c in merged["cases"]] == [256, 512]
+
+
+@pytest.mark.parametrize("value, ok", [(None, True), (0, True), (123456789, True), (-1, False), (1.5, False),
+                                       (True, False), ("1024", False)])
+def test_peak_mem_bytes_is_an_optional_non_negative_int(value, ok):
+    errors = results.validate(_doc([_case(peak_mem_bytes=value)]))
+    assert (not errors) if ok else any("peak_mem_bytes must be a non-negative int" in e for e in errors)
+    assert not results.validate(_doc([_case()]))     # absent is valid

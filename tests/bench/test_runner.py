@@ -181,3 +181,32 @@ def test_a_failed_capture_or_a_setup_without_one_times_the_whole_cell_eagerly(fa
     work.captures.clear()  # a setup and no capture: eager too, no error to report
     dense, step = runner.run_cell(_cell("dense", "step"), opts)
     assert step["cuda_graph"] is False and "cuda_graph_error" not in step and step["timing"]["samples_ms"] == [3.0] * 3
+
+
+def test_peak_memory_is_recorded_per_variant_where_the_clock_counts_it(fake_suite):
+    clock = FakeClock(peak=0)
+    clock.allocated = 4096
+    fake_suite["work"] = Workload(fns={"small": clock.candidate("small", 1.0, mem=100),
+                                       "big": clock.candidate("big", 1.0, mem=7000)},
+                                  backends={"small": "small", "big": "big"})
+    small, big = runner.run_cell(_cell("small", "big"), _opts(clock))
+    assert small["peak_mem_bytes"] == 4196 and big["peak_mem_bytes"] == 11096
+    assert clock.calls().count("small") == 1 + 3 + 1   # warmup, repeats, the peak-memory call
+    _valid([small, big])
+    cpu = runner.run_cell(_cell("small"), _opts(FakeClock()))[0]   # no counter: no field
+    assert cpu["status"] == "ok" and "peak_mem_bytes" not in cpu
+
+
+def test_a_failing_peak_memory_call_settles_the_variants(fake_suite):
+    clock = FakeClock(peak=0)
+    calls = [0]
+
+    def fifth_call_fails():
+        calls[0] += 1
+        if calls[0] > 4:                                 # warmup + 3 repeats pass, the probe fails
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+
+    fake_suite["work"] = Workload(fns={"a": fifth_call_fails}, backends={"a": "a"})
+    (a,) = runner.run_cell(_cell("a"), _opts(clock))
+    assert a["status"] == "skipped" and "peak memory" in a["reason"] and a["timing"] is None
+    _valid([a])

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from bench import results
-from bench.timing import CpuClock, Timer, measure
+from bench.timing import CpuClock, Timer, measure, peak_memory
 from tests.bench.fakes import FakeClock
 
 
@@ -111,3 +111,22 @@ def test_replayed_candidates_are_not_captured_again():
     assert wrapped == [fns["A"]] and samples == {"A": [1.0, 1.0], "B": [2.0, 2.0]}
     with pytest.raises(ValueError, match="replayed must name candidates"):
         measure(fns, Timer(warmup=0, rep=1), clock=clock, replayed={"C"})
+
+
+def test_peak_memory_is_one_call_of_each_candidate_alone():
+    clock = FakeClock(peak=0)
+    clock.allocated = 1000                      # inputs held by the cell: part of every peak
+    fns = {"A": clock.candidate("A", 1.0, mem=300), "B": clock.candidate("B", 1.0, mem=50)}
+    before = len(clock.log)
+    peaks = peak_memory(fns, clock=clock, setup={"B": lambda: clock.log.append(("setup",))})
+    # A's larger peak must not leak into B's: the counter is reset between them.
+    assert peaks == {"A": 1300, "B": 1050}
+    assert clock.log[before + 1:] == [("sync",), ("reset_peak",), ("call", "A"), ("sync",), ("peak",),
+                                      ("setup",), ("sync",), ("reset_peak",), ("call", "B"), ("sync",), ("peak",)]
+
+
+def test_peak_memory_without_a_counter_is_none_and_costs_no_call():
+    clock = FakeClock()                          # peak=None, like CpuClock
+    assert peak_memory({"A": clock.candidate("A", 1.0)}, clock=clock) == {"A": None}
+    assert clock.calls() == []
+    assert CpuClock().peak_bytes() is None
