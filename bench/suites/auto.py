@@ -126,7 +126,7 @@ def build(cell: Cell, device) -> Workload:
     for v in cell.variants:
         key, plan = v.key, v.backend
         module = NSAAttention(attn.config, backend=PLANS[plan]).to(device=device, dtype=dtype)
-        if plan in TORCH_SCORED and p["T"] > TORCH_SCORED_MAX_T:
+        if plan in TORCH_SCORED and cell.op == "nsa_prefill" and p["T"] > TORCH_SCORED_MAX_T:
             work.backends[key] = AUTO_BACKEND if plan == "auto" else plan
             work.reasons[key] = (f"plan {plan} scores blocks in torch: not timed above T = {TORCH_SCORED_MAX_T} "
                                  "(seconds per call; the Triton-scored plans were >= 10x faster there)")

@@ -120,6 +120,11 @@ def sliding(call: AttnCall) -> Tensor:
     _check_qkv(call.q, call.k, call.v)
     if call.window is None or call.window < 1:
         raise ValueError(f"window must be an int >= 1, got {call.window}; the paper uses 512")
+    tk = call.k.shape[1]
+    if call.q.shape[1] == 1 and call.k_start + tk - 1 == call.q_start and tk <= call.window:
+        # A decode step over the window cache: the split selection-kernel path (more programs for
+        # one query; the band kernel would run one program per KV group).
+        return sliding_decode(call.q, call.k, call.v, t=call.q_start, scale=call.scale)
     return _win.sliding(call.q, call.k, call.v, window=call.window, scale=call.scale, q_start=call.q_start,
                         k_start=call.k_start, tiles=_tiles(call.q, None))
 

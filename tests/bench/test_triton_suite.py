@@ -27,14 +27,19 @@ def _run(cells: list[Cell]) -> dict:
     return results.check(doc)
 
 
-def test_nightly_grid_sweeps_the_fa2_lengths_and_layouts_at_the_paper_blocks():
+def test_nightly_grid_sweeps_every_shape_class_on_every_branch_at_the_paper_blocks():
+    from nsa import keys
+
     cells = suites.cells(["triton"], "nightly")
-    assert {c.op for c in cells} == {"selected", "compressed"} and len(cells) == 2 * 3 * 7
-    for op, knobs in (("selected", PAPER), ("compressed", {"block": 32, "stride": 16})):
-        for layout in LAYOUTS:
-            at = [c for c in cells if c.op == op and layout.items() <= c.params.items()]
-            assert {c.params["T"] for c in at} == NIGHTLY_T, (op, layout)
-            assert all(knobs.items() <= c.params.items() and c.params["dtype"] == "bf16" for c in at)
+    assert {c.op for c in cells} == {"selected", "compressed", "sliding"}
+    for op, knobs in (("selected", PAPER), ("compressed", {"block": 32, "stride": 16}), ("sliding", {"window": 512})):
+        at = [c for c in cells if c.op == op]
+        # Every class decides from its own cells, up to the decision grid's longest length.
+        assert {keys.class_of_params(c.params) for c in at} == set(keys.CLASSES), op
+        for cls in keys.CLASSES:
+            lengths = {c.params["T"] for c in at if keys.class_of_params(c.params) == cls}
+            assert max(keys.NIGHTLY_T) in lengths and lengths <= NIGHTLY_T, (op, cls)
+        assert all(knobs.items() <= c.params.items() and c.params["dtype"] == "bf16" for c in at)
     assert all([(v.backend, v.role) for v in c.variants] == [("sdpa", "baseline"), ("triton", "candidate")]
                for c in cells)
     full = suites.cells(["triton"], "full")
@@ -53,16 +58,16 @@ def test_smoke_cells_pass_parity_then_time_and_never_propose_from_a_cpu():
     cells = [c for c in suites.cells(["triton"], "smoke") if c.params["T"] == min(triton.SMOKE_T)]
     doc = _run(cells)
     by = {(c["op"], c["backend"]): c for c in doc["cases"]}
-    assert set(by) == {(op, b) for op in ("selected", "compressed") for b in ("sdpa", "triton")}
+    assert set(by) == {(op, b) for op in ("selected", "compressed", "sliding") for b in ("sdpa", "triton")}
     for case in doc["cases"]:
         assert case["status"] == "ok" and case["parity"]["passed"], case["reason"]
         assert len(case["timing"]["samples_ms"]) == 2
     assert by[("selected", "triton")]["id"] == "triton/selected/triton/B1-T40-Hq4-Hkv1-D32-l16-d8-ls16-n4-fp16"
     d = decide.decide([("cpu.json", doc)], decide.DecideConfig.from_mapping({
-        "nsa": {"cmp_block": 16, "cmp_stride": 8, "sel_block": 16, "sel_count": 4, "window": 512},
+        "nsa": {"cmp_block": 16, "cmp_stride": 8, "sel_block": 16, "sel_count": 4, "window": 32},
         "decide": {"margin": 1.2, "confidence": 0.95},
         "runtime": {"fa2_min_len_win": -1, "fa2_min_len_cmp": -1}}))
-    assert {c["branch"] for c in d["cells"]} == {"triton_sel", "triton_cmp"}
+    assert {c["branch"] for c in d["cells"]} == {"triton_sel", "triton_cmp", "triton_win"}
     assert all(c["used_for_decision"] for c in d["cells"])
     assert d["triton"]["ran"] is False and "CPU machine" in d["triton"]["reason"]
     assert not any(b["changed"] for b in d["branches"].values())
