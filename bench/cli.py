@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check_out(args.out, "--out")
         if args.csv:
             _check_out(args.csv, "--csv")
-        names = suites.parse(args.suites)
+        names = _suites(args.suites)
         cells = suites.cells(names, args.size, args.backends)
         return execute(cells, args, command=command, size=args.size, suite_names=names, shard_argv=argv)
     except (ValueError, results.ResultsError) as exc:
@@ -130,8 +130,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
+def _suites(text: str) -> list[str]:
+    """`--suites` parsed, with the fix added to the error: the CLI's errors say how to recover."""
+    try:
+        return suites.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; pass --suites with names from that list, comma-separated") from None
+
+
 def _list(args: argparse.Namespace) -> int:
-    cells = suites.cells(suites.parse(args.suites), args.size, args.backends)
+    cells = suites.cells(_suites(args.suites), args.size, args.backends)
     print(f"# {sum(len(c.variants) for c in cells)} cases in {len(cells)} cells; aliases such as fa2 "
           "resolve to the backend that runs (flash_attn or torch_fa2) in results files")
     try:

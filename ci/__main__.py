@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ci import guard, pipeline, pr_cmd, workflow_steps
-from ci.args import InputError, check_out_dir, check_out_file, check_text_file, parse_margin
+from ci.args import InputError, check_out_dir, check_out_file, check_yaml_file, parse_margin
 
 # Stage modules that pull in numpy, PyYAML or Jinja (decide, report) are imported when their
 # subcommand runs: `guard` must work on a runner before anything is installed.
@@ -58,7 +58,7 @@ def _decide_run(args: argparse.Namespace) -> int:
     from ci import decide
 
     config = args.config or str(default_config())
-    check_text_file(config, "--config", CONFIG_FIX)
+    check_yaml_file(config, "--config", CONFIG_FIX)
     check_out_file(args.out, "--out")
     doc = decide.decide_files(args.results, config, args.margin)
     decide.write_decision(doc, args.out)

@@ -12,7 +12,7 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["InputError", "check_out_dir", "check_out_file", "check_text_file", "parse_margin"]
+__all__ = ["InputError", "check_out_dir", "check_out_file", "check_text_file", "check_yaml_file", "parse_margin"]
 
 
 class InputError(ValueError):
@@ -34,8 +34,8 @@ def parse_margin(text: str) -> float | None:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(
-            f"--margin must be a finite number above 0 such as 1.2, or empty for the config's "
-            f"decide.margin; got {text!r}")
+            f"--margin must be a finite number above 0, got {text!r}; pass e.g. --margin 1.2, or an empty "
+            "value for the config's decide.margin")
     return value
 
 
@@ -51,6 +51,21 @@ def check_text_file(path: str | os.PathLike[str], flag: str, fix: str) -> None:
     except UnicodeDecodeError as exc:
         raise InputError(f"{flag} must be UTF-8 text, got {str(p)!r} with a byte {exc.object[exc.start]:#04x} "
                          f"that is not UTF-8 at offset {exc.start}; save it as UTF-8 or {fix}") from None
+
+
+def check_yaml_file(path: str | os.PathLike[str], flag: str, fix: str) -> None:
+    """`path` is a readable UTF-8 file that parses as YAML (what it must contain is the reader's business)."""
+    check_text_file(path, flag, fix)
+    import yaml  # PyYAML: imported by the subcommands that read configs, never by `guard`
+
+    try:
+        yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise InputError(f"{flag} must be valid YAML, got {problem}{where} in {str(path)!r}; fix that line "
+                         f"or {fix}") from None
 
 
 def check_out_dir(path: str | os.PathLike[str], flag: str) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "validate_decision",
 ]
 
+DECISION_SCHEMA = "nsa-decision/1"  # ci.decide.SCHEMA, not imported: this module stays free of numpy and YAML
 BODY_LIMIT = 65536  # GitHub rejects a PR body longer than this many characters
 TITLE_LIMIT = 256
 LABEL = "nsa-thresholds"
@@ -165,6 +166,9 @@ def validate_decision(doc: Any) -> None:
     fix = "rerun `python -m ci decide` and fix what it reports before opening a PR"
     if not isinstance(doc, Mapping):
         raise PlanError(f"decision must be a JSON object, got {type(doc).__name__}; pass out/decision.json")
+    if doc.get("schema") != DECISION_SCHEMA:
+        raise PlanError(f"decision.schema must be {DECISION_SCHEMA!r}, got {doc.get('schema')!r}; pass the file "
+                        "written by `python -m ci decide`")
     if doc.get("exit_code") != 0 or isinstance(doc.get("exit_code"), bool):
         raise PlanError(f"decision.exit_code must be 0, got {doc.get('exit_code')!r} (3: parity failure); {fix}")
     cells = doc.get("cells")
