@@ -166,10 +166,16 @@ def _write(name: str, data: bytes) -> Callable[[Path], None]:
     return setup
 
 
+def _write_made(name: str, make: Callable[[], bytes]) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        (tmp / name).write_bytes(make())
+    return setup
+
+
 def _results_cases() -> list[Case]:
     cases = []
     for name, make in BAD_RESULTS.items():
-        setup = (lambda make: lambda tmp: (tmp / "bad.json").write_bytes(make()))(make)
+        setup = _write_made("bad.json", make)
         cases += [
             Case(f"ci-decide-results-{name}", "ci", lambda t: ["decide", "--results", str(t / "bad.json"), "--config",
                                                                  str(t / "good.yaml"), "--out", str(t / "out" / "d.json")], setup),
