@@ -68,7 +68,8 @@ def _is_rate_limit(exc: GithubException) -> bool:
 
 def _fix(status: int, method: str, path: str, exc: GithubException, repository: str) -> str:
     """Cause and fix for one failed call, from its status and what it was for."""
-    if isinstance(exc, RateLimitExceededExceedsMaxWait) and exc.wait is not None:
+    reset_known = any(k.lower() == "x-ratelimit-reset" for k in (exc.headers or {}))
+    if isinstance(exc, RateLimitExceededExceedsMaxWait) and exc.wait is not None and not reset_known:
         until = datetime.fromtimestamp(datetime.now(timezone.utc).timestamp() + exc.wait, timezone.utc)
         return (
             f"GitHub asked to wait {exc.wait:.0f} s before a retry, longer than this job waits; rerun after "

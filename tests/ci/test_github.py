@@ -37,6 +37,7 @@ def decision(win: tuple[int, int] = (-1, 4096), cmp: tuple[int, int] = (-1, -1))
         }
 
     return {
+        "schema": "nsa-decision/1",
         "profile": "sm90",
         "gpu_name": "NVIDIA H100 80GB HBM3",
         "branches": {"win": branch("fa2_min_len_win", *win), "cmp": branch("fa2_min_len_cmp", *cmp)},
