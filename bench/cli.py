@@ -4,7 +4,8 @@
     python -m bench list --suites fa2 --size nightly
     python -m bench merge shard0.json shard1.json --out all.json
 
-Exit codes: 0 done; 1 a run or merge could not finish (the message says why); 2 bad usage;
+Exit codes: 0 done; 1 a run could not finish (the message says why); 2 bad usage or bad input
+(a merge's shard files, an --out that is a folder), with a message saying how to fix it;
 3 `--strict` and some case failed (parity or an exception).
 """
 
@@ -119,7 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _list(args)
         if args.cmd == "merge":
             return _merge(args)
-        names = suites.parse(args.suites)
+        _check_out(args.out, "--out")
+        if args.csv:
+            _check_out(args.csv, "--csv")
+        names = _suites(args.suites)
         cells = suites.cells(names, args.size, args.backends)
         return execute(cells, args, command=command, size=args.size, suite_names=names, shard_argv=argv)
     except (ValueError, results.ResultsError) as exc:
@@ -131,8 +135,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
+def _suites(text: str) -> list[str]:
+    """`--suites` parsed, with the fix added to the error: the CLI's errors say how to recover."""
+    try:
+        return suites.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; pass --suites with names from that list, comma-separated") from None
+
+
 def _list(args: argparse.Namespace) -> int:
-    cells = suites.cells(suites.parse(args.suites), args.size, args.backends)
+    cells = suites.cells(_suites(args.suites), args.size, args.backends)
     print(f"# {sum(len(c.variants) for c in cells)} cases in {len(cells)} cells; aliases such as fa2 "
           "resolve to the backend that runs (flash_attn or torch_fa2) in results files")
     try:
@@ -145,8 +157,22 @@ def _list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_out(path: str, flag: str) -> None:
+    """Refuse an output path that cannot be written before any case runs (a sweep takes hours)."""
+    from ci.args import InputError, check_out_file
+
+    try:
+        check_out_file(path, flag)
+    except InputError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _merge(args: argparse.Namespace) -> int:
-    doc = results.merge([results.load(f) for f in args.files])
+    try:
+        _check_out(args.out, "--out")
+        doc = results.merge([results.load(f) for f in args.files])
+    except results.ResultsError as exc:  # the shard files are the input here: exit 2, not 1
+        raise ValueError(str(exc)) from None
     results.dump(doc, args.out)
     print(f"merged {len(args.files)} files, {len(doc['cases'])} cases -> {args.out}", file=sys.stderr)
     return EXIT_OK

@@ -1,7 +1,7 @@
 """Results file schema (version 1): build, validate, read, write, merge. Standard library only.
 
 `bench/` writes these files and `ci/` reads them without importing torch. The contract is
-`shared/spec/pipeline.md` ("Results file"); `validate` enforces every required field so a file
+`docs/pipeline.md` ("Results file"); `validate` enforces every required field so a file
 that would mislead the decision step is rejected when written, not when a PR is already open.
 """
 
@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from ci import atomic
 
 SCHEMA_VERSION = 1
 OPS = ("sliding", "compressed", "selected", "nsa_prefill", "nsa_decode", "dense")
@@ -23,6 +25,7 @@ RUN_FIELDS = ("id", "created_at", "git_sha", "command")
 MACHINE_FIELDS = ("gpu_name", "sm", "driver", "cuda", "torch", "triton", "flash_attn", "python")
 TIMING_FIELDS = ("samples_ms", "median_ms", "p20_ms", "p80_ms")
 PARITY_FIELDS = ("max_abs_err", "rel_err", "tol", "passed")
+SM = re.compile(r"sm[0-9]+[a-z]?|cpu")  # the profile a results file is decided for
 
 # Order and short names of the params that make up a case id; anything else is appended sorted.
 _ID_KEYS = (("B", "B"), ("T", "T"), ("Hq", "Hq"), ("Hkv", "Hkv"), ("Dk", "D"), ("Dv", "Dv"),
@@ -69,7 +72,8 @@ def timing_summary(samples_ms: Iterable[float]) -> dict[str, Any]:
     """The `timing` object of a case: raw samples plus median, p20 and p80 (milliseconds)."""
     samples = [float(s) for s in samples_ms]
     if not samples or any(not math.isfinite(s) or s < 0 for s in samples):
-        raise ResultsError(f"samples_ms must be finite, non-negative and non-empty, got {samples[:5]}")
+        raise ResultsError(f"samples_ms must be finite, non-negative and non-empty, got {samples[:5]}; "
+                           "record a case the timer could not measure as failed")
     ordered = sorted(samples)
     return {
         "samples_ms": samples,
@@ -86,6 +90,43 @@ def _require(obj: Any, fields: Iterable[str], where: str, errors: list[str]) -> 
     for name in fields:
         if name not in obj:
             errors.append(f"{where}.{name} is missing")
+
+
+def _is_number(value: Any) -> bool:
+    """An int or float that is not a bool (JSON true would otherwise count as 1)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_machine(machine: Any, errors: list[str]) -> None:
+    if not isinstance(machine, Mapping):
+        return
+    sm, gpu = machine.get("sm"), machine.get("gpu_name")
+    if "sm" in machine and not (isinstance(sm, str) and SM.fullmatch(sm)):
+        errors.append(f"machine.sm must be a string such as 'sm90' or 'cpu', got {sm!r}")
+    if "gpu_name" in machine and not (isinstance(gpu, str) and gpu.strip()):
+        errors.append(f"machine.gpu_name must be a non-empty string, got {gpu!r}")
+
+
+def _check_timing(timing: Mapping[str, Any], where: str, errors: list[str]) -> None:
+    samples = timing.get("samples_ms")
+    if not isinstance(samples, list) or not samples:
+        errors.append(f"{where}.timing.samples_ms must be a non-empty list of times in ms, got {samples!r}")
+    elif not all(_is_number(x) and math.isfinite(x) and x >= 0 for x in samples):
+        # Zero is allowed: a timer's resolution can round a tiny call down to it (ci then judges
+        # such a cell failed instead of dividing by it).
+        bad = next(x for x in samples if not (_is_number(x) and math.isfinite(x) and x >= 0))
+        errors.append(f"{where}.timing.samples_ms must hold non-negative numbers (ms), got {bad!r}")
+    for name in TIMING_FIELDS[1:]:
+        if name in timing and not _is_number(timing[name]):
+            errors.append(f"{where}.timing.{name} must be a number (ms), got {timing[name]!r}")
+
+
+def _check_parity(parity: Mapping[str, Any], where: str, errors: list[str]) -> None:
+    if "passed" in parity and not isinstance(parity["passed"], bool):
+        errors.append(f"{where}.parity.passed must be true or false, got {parity['passed']!r}")
+    for name in PARITY_FIELDS[:3]:
+        if parity.get(name) is not None and not _is_number(parity[name]):
+            errors.append(f"{where}.parity.{name} must be a number or null, got {parity[name]!r}")
 
 
 def _has_nan(value: Any) -> bool:
@@ -116,6 +157,7 @@ def validate(doc: Any) -> list[str]:
         errors.append(f"schema_version must be {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
     _require(doc.get("run"), RUN_FIELDS, "run", errors)
     _require(doc.get("machine"), MACHINE_FIELDS, "machine", errors)
+    _check_machine(doc.get("machine"), errors)
     cases = doc.get("cases")
     if not isinstance(cases, list):
         errors.append("cases must be a list")
@@ -127,6 +169,13 @@ def validate(doc: Any) -> list[str]:
         if not isinstance(case, Mapping):
             continue
         where = f"case {case.get('id', i)!r}"
+        for name in ("id", "suite", "op", "backend", "status"):
+            if name in case and not isinstance(case[name], str):
+                errors.append(f"{where}: {name} must be a string, got {case[name]!r}")
+        if "params" in case and not isinstance(case["params"], Mapping):
+            errors.append(f"{where}: params must be an object of shapes and knobs, got {type(case['params']).__name__}")
+        if not isinstance(case.get("id"), str):
+            continue
         if case.get("id") in seen:
             errors.append(f"{where} appears twice; case ids must be unique")
         seen.add(case.get("id"))
@@ -140,14 +189,16 @@ def validate(doc: Any) -> list[str]:
         timing = case.get("timing")
         if status == "ok":
             _require(timing, TIMING_FIELDS, f"{where}.timing", errors)
-            if isinstance(timing, Mapping) and not timing.get("samples_ms"):
-                errors.append(f"{where}.timing.samples_ms must not be empty")
+            if isinstance(timing, Mapping):
+                _check_timing(timing, where, errors)
         elif timing is not None:
             errors.append(f"{where}: a {status} case must have no timing")
         if status in ("skipped", "failed") and not case.get("reason"):
             errors.append(f"{where}: a {status} case needs a reason")
         if case.get("parity") is not None:
             _require(case["parity"], PARITY_FIELDS, f"{where}.parity", errors)
+            if isinstance(case["parity"], Mapping):
+                _check_parity(case["parity"], where, errors)
         _check_peak_mem(case.get("peak_mem_bytes"), where, errors)
         if _has_nan(case):
             errors.append(f"{where} holds NaN or infinity; record the case as failed instead")
@@ -158,9 +209,10 @@ def check(doc: Any, source: str = "results") -> dict[str, Any]:
     """Return `doc` if valid, else raise ResultsError listing every problem."""
     errors = validate(doc)
     if errors:
-        shown = "\n  ".join(errors[:20])
-        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
-        raise ResultsError(f"{source} breaks results schema v{SCHEMA_VERSION}:\n  {shown}{more}")
+        # One line, as every CLI error: the first problems, then how many more.
+        shown = "; ".join(errors[:5]) + (f"; and {len(errors) - 5} more" if len(errors) > 5 else "")
+        raise ResultsError(f"{source} must follow results schema v{SCHEMA_VERSION}, got {len(errors)} problem(s): "
+                           f"{shown}; regenerate it with `python -m bench run`")
     return dict(doc)
 
 
@@ -171,15 +223,22 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ResultsError(f"cannot read results file {p}: {exc.strerror}; check the path") from None
+    except UnicodeDecodeError as exc:
+        raise ResultsError(f"results file {p} must be UTF-8 JSON, got a byte that is not UTF-8 at offset "
+                           f"{exc.start}; regenerate it with `python -m bench run`") from None
     try:
         doc = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise ResultsError(f"{p} is not valid JSON ({exc}); regenerate it with `python -m bench`") from None
+    except RecursionError:
+        raise ResultsError(f"{p} is not valid results JSON (nested too deep to read); regenerate it with "
+                           "`python -m bench`") from None
     return check(doc, str(p))
 
 
 def _reject_constant(name: str) -> float:
-    raise ResultsError(f"results hold {name}; NaN and infinity never appear in a valid file")
+    raise ResultsError(f"results must hold finite numbers, got {name}; NaN and infinity never appear in a valid "
+                       "file: record a case the timer could not measure as failed")
 
 
 def dumps(doc: Mapping[str, Any]) -> str:
@@ -187,33 +246,31 @@ def dumps(doc: Mapping[str, Any]) -> str:
 
 
 def dump(doc: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Validate, then write atomically (a crash never leaves half a file)."""
-    text = dumps(doc)
+    """Validate, then write atomically: a failed write leaves the old file and no temporary file."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, p)
-    return p
+    if p.is_dir():
+        raise ResultsError(f"--out must be a file path, got the folder {str(p)!r}; pass e.g. {str(p / 'results.json')!r}")
+    return atomic.write_text(p, dumps(doc))
 
 
 def merge(docs: list[Mapping[str, Any]]) -> dict[str, Any]:
     """Merge shard files of one run (one process per GPU) into one document.
 
-    Shards must come from one machine kind; `run` and `machine` are taken from the first, and
-    the GPU each shard ran on is kept per case in `params`-independent field `device_index`.
+    Shards must come from one machine kind (same `gpu_name` and `sm`: the decision is per
+    profile, and one name with two architectures means the files were mislabelled); `run` and
+    `machine` are taken from the first.
     """
     if not docs:
-        raise ResultsError("merge needs at least one results document")
+        raise ResultsError("merge needs at least one results document, got none; pass the shard files")
     first = check(docs[0])
-    gpu = first["machine"]["gpu_name"]
+    kind = (first["machine"]["gpu_name"], first["machine"]["sm"])
     merged = {**first, "cases": []}
     for doc in docs:
         doc = check(doc)
-        if doc["machine"]["gpu_name"] != gpu:
+        other = (doc["machine"]["gpu_name"], doc["machine"]["sm"])
+        if other != kind:
             raise ResultsError(
-                f"shards come from different GPUs ({gpu!r} and {doc['machine']['gpu_name']!r}); "
-                "run one sweep per GPU kind")
+                f"shards must come from one GPU kind (gpu_name and sm), got {kind[0]!r}/{kind[1]} and "
+                f"{other[0]!r}/{other[1]}; run one sweep per GPU kind")
         merged["cases"].extend(doc["cases"])
     return check(merged, "merged results")

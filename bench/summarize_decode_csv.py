@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     for line in lines:
         print("  ".join(v.rjust(w) for v, w in zip(line, widths, strict=True)))
-    print("reads: per KV group per step (cmp + sel + win); expected from shared/spec/nsa.md; "
+    print("reads: per KV group per step (cmp + sel + win); expected from docs/nsa.md; "
           f"{len(rows) - bad}/{len(rows)} rows match")
     print("ms_total..ms_win: whole decode steps (projections, cache appends, o_proj included); ms_attend: "
           "decode_attend, the step's attention only; dense/step ms and dense/attend ms: fastest dense "

@@ -12,11 +12,15 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from bench.results import ResultsError
-from ci import decide, pipeline, pr_cmd, report, workflow_steps
+from ci import guard, pipeline, pr_cmd, workflow_steps
+from ci.args import InputError, check_out_dir, check_out_file, check_yaml_file, parse_margin
 
-EXIT_BAD_INPUT = decide.EXIT_BAD_INPUT
+# Stage modules that pull in numpy, PyYAML or Jinja (decide, report) are imported when their
+# subcommand runs: `guard` must work on a runner before anything is installed.
+EXIT_BAD_INPUT = 2
+CONFIG_FIX = "pass --config configs/base.yaml"
 
 
 @dataclass(frozen=True)
@@ -41,17 +45,22 @@ def register(sub: Subcommand) -> Subcommand:
 def _decide_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", nargs="+", required=True, metavar="RESULTS.json",
                    help="results files of one GPU architecture (shards of one run; case ids must be unique)")
-    p.add_argument("--config", default="configs/base.yaml",
+    p.add_argument("--config", default=None,
                    help="config with nsa grid, decide.margin/confidence and current thresholds "
-                        "(default: %(default)s)")
-    p.add_argument("--margin", type=decide.parse_margin, default=None,
+                        "(default: configs/base.yaml of the checkout, else the copy installed with the package)")
+    p.add_argument("--margin", type=parse_margin, default=None,
                    help="speedup the CI lower bound must clear to adopt a candidate (FA-2, Triton); empty or absent: the "
                         "config's decide.margin")
     p.add_argument("--out", default="out/decision.json", help="decision file to write (default: %(default)s)")
 
 
 def _decide_run(args: argparse.Namespace) -> int:
-    doc = decide.decide_files(args.results, args.config, args.margin)
+    from ci import decide
+
+    config = args.config or str(default_config())
+    check_yaml_file(config, "--config", CONFIG_FIX)
+    check_out_file(args.out, "--out")
+    doc = decide.decide_files(args.results, config, args.margin)
     decide.write_decision(doc, args.out)
     for line in decide.summary_lines(doc):
         print(line)
@@ -73,6 +82,9 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 
 
 def _report_run(args: argparse.Namespace) -> int:
+    from ci import report
+
+    check_out_dir(args.out_dir, "--out-dir")
     written = report.write_report(args.decision, args.out_dir, args.previous)
     for path in written:
         print(path)
@@ -89,7 +101,7 @@ register(Subcommand(
     "decide", "turn results files into one threshold proposal per key (fa2_*, triton_*)",
     "Pair each masked-SDPA case with its candidate case (FA-2 in suite fa2, the own Triton kernels in "
     "suite triton), bootstrap the speedup interval, and apply the threshold rule of "
-    "shared/spec/pipeline.md. Writes a decision JSON file and prints one line per threshold key. Exit 0 ok, 2 bad input, 3 parity failure (the file is still written).",
+    "docs/pipeline.md. Writes a decision JSON file and prints one line per threshold key. Exit 0 ok, 2 bad input, 3 parity failure (the file is still written).",
     _decide_args, _decide_run))
 register(Subcommand(
     "report", "render a decision file as report.md, summary.md and plots",
@@ -99,6 +111,7 @@ register(Subcommand(
 register(Subcommand("pr", pr_cmd.HELP, pr_cmd.DESCRIPTION, pr_cmd.add_arguments, pr_cmd.run))
 register(Subcommand("pipeline", pipeline.HELP, pipeline.__doc__ or "", pipeline.add_arguments,
                     lambda args: pipeline.run(args, stage=main)))
+register(Subcommand("guard", guard.HELP, guard.__doc__ or "", guard.add_arguments, guard.run))
 register(Subcommand("workflow-steps", workflow_steps.HELP, workflow_steps.__doc__ or "",
                     workflow_steps.add_arguments, workflow_steps.run))
 
@@ -115,11 +128,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def default_config() -> Path:
+    """configs/base.yaml of this checkout, else the copy installed with the package."""
+    from nsa.resources import default_config_path
+
+    return default_config_path()
+
+
+def _bad_input_errors() -> tuple[type[BaseException], ...]:
+    """The exception types that mean bad input (exit 2), from the stage modules loaded so far.
+
+    A stage module that was never imported cannot have raised its error, so looking them up in
+    sys.modules keeps `guard` free of their dependencies.
+    """
+    from bench.results import ResultsError
+
+    found: list[type[BaseException]] = [InputError, ResultsError]
+    for module, name in (("ci.decide", "DecideError"), ("ci.report", "ReportError")):
+        if module in sys.modules:
+            found.append(getattr(sys.modules[module], name))
+    return tuple(found)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ResultsError, decide.DecideError, report.ReportError) as exc:
+    except Exception as exc:
+        if not isinstance(exc, _bad_input_errors()):
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

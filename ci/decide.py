@@ -412,18 +412,10 @@ def decide_files(results_paths: Sequence[str | os.PathLike[str]], config_path: s
 
 
 def write_decision(doc: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write atomically: a temp file beside the target, then a rename (a failed write leaves the old file)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, p)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return p
+    """Write atomically (ci.atomic): a failed write leaves the previous file, never a truncated one."""
+    from ci import atomic
+
+    return Path(atomic.write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n"))
 
 
 def summary_lines(doc: Mapping[str, Any]) -> list[str]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import requests
 from github import Auth, Github, GithubException, GithubRetry, InputGitTreeElement
+from github.GithubException import RateLimitExceededExceedsMaxWait
 from github.GitRef import GitRef
 from github.PullRequest import PullRequest
 from github.Repository import Repository
@@ -32,6 +33,7 @@ from ci.pr_plan import PrPlan
 
 __all__ = [
     "DEFAULT_API_URL",
+    "CappedRetry",
     "GitHubError",
     "Result",
     "Secret",
@@ -80,9 +82,55 @@ def target_from_env(env: Mapping[str, str]) -> Target | None:
     return Target(api_url, repository, Secret(token))
 
 
-def production_retry() -> GithubRetry:
-    """A few quick retries; a rate limit that resets later than two minutes fails the job instead of waiting."""
-    return GithubRetry(total=3, backoff_factor=1.0, secondary_rate_wait=60, max_rate_limit_wait=120)
+MAX_WAIT_S = 120  # longest wait before one retry; a longer one fails the job with the reset time
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class CappedRetry(GithubRetry):
+    """GithubRetry whose every wait, `Retry-After` included, is logged and at most `max_rate_limit_wait`.
+
+    PyGithub caps only the waits it computes from a rate-limit body; urllib3 sleeps a `Retry-After`
+    header (429, 503, secondary limits) for as long as the server asks, silently. Here a wait above
+    the cap raises `RateLimitExceededExceedsMaxWait` at once, which `explain` turns into one line
+    with the cause and the fix, and every shorter wait is logged before it is slept.
+    """
+
+    def __init__(self, *, log: Log | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.log = log or _stderr
+
+    def new(self, **kwargs: Any) -> CappedRetry:
+        retry = super().new(**kwargs)
+        retry.log = self.log
+        return retry
+
+    def sleep(self, response: Any = None) -> None:
+        wait, why = None, "backoff"
+        if self.respect_retry_after_header and response is not None:
+            wait, why = self.get_retry_after(response), "Retry-After"
+        if not wait:
+            wait, why = self.get_backoff_time(), "backoff"
+        cap = self.max_rate_limit_wait
+        if cap is not None and wait > cap:
+            status = getattr(response, "status", None) or 429
+            headers = dict(getattr(response, "headers", None) or {})
+            raise RateLimitExceededExceedsMaxWait(
+                status, {"message": f"GitHub asked to wait {wait:.0f} s ({why}), more than the {cap:g} s cap"},
+                headers, wait=wait)
+        if wait > 0:
+            status = getattr(response, "status", "")
+            self.log(f"GitHub answered {status or 'an error'}: waiting {wait:.0f} s ({why}, at most {cap:g} s) "
+                     "before retrying")
+        super().sleep(response)
+
+
+def production_retry(log: Log | None = None) -> CappedRetry:
+    """A few quick retries, each wait logged; a wait longer than two minutes (a rate limit reset, a
+    `Retry-After`) fails the job at once with the reset time instead of sleeping."""
+    return CappedRetry(total=3, backoff_factor=1.0, secondary_rate_wait=60, max_rate_limit_wait=MAX_WAIT_S, log=log)
 
 
 def connect(target: Target, *, retry: Any = None, pace: bool = True, timeout: int = 30) -> Github:

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 import requests
 from github import GithubException, RateLimitExceededException
+from github.GithubException import RateLimitExceededExceedsMaxWait
 
 __all__ = ["GitHubError", "Secret", "explain"]
 
@@ -67,6 +68,13 @@ def _is_rate_limit(exc: GithubException) -> bool:
 
 def _fix(status: int, method: str, path: str, exc: GithubException, repository: str) -> str:
     """Cause and fix for one failed call, from its status and what it was for."""
+    reset_known = any(k.lower() == "x-ratelimit-reset" for k in (exc.headers or {}))
+    if isinstance(exc, RateLimitExceededExceedsMaxWait) and exc.wait is not None and not reset_known:
+        until = datetime.fromtimestamp(datetime.now(timezone.utc).timestamp() + exc.wait, timezone.utc)
+        return (
+            f"GitHub asked to wait {exc.wait:.0f} s before a retry, longer than this job waits; rerun after "
+            f"{until:%H:%M} UTC, or use a token with its own quota (a GitHub App installation token)"
+        )
     if _is_rate_limit(exc):
         headers = {k.lower(): v for k, v in (exc.headers or {}).items()}
         reset = headers.get("x-ratelimit-reset", "")

@@ -38,7 +38,10 @@ def noise_floor(cases: Iterable[Mapping[str, Any]], confidence: float) -> dict[s
         if set(pair) != {"A", "B"}:
             continue
         a, b = pair["A"]["timing"], pair["B"]["timing"]
-        sp = stats.ratio_of_medians(a["samples_ms"], b["samples_ms"], confidence)
+        try:
+            sp = stats.ratio_of_medians(a["samples_ms"], b["samples_ms"], confidence)
+        except ValueError:  # zero times (below the timer's resolution) give no A/A ratio to learn from
+            continue
         rows.append({
             "id": case_id(CALIBRATION_SUITE, op, backend, json.loads(params_json)),
             "op": op, "backend": backend,

@@ -12,6 +12,10 @@ Stages, each a file under --out-dir (default out/):
           and --dry-run is not given. Skipped for a CPU machine's results: thresholds belong to a
           GPU profile.
 Exit code: that of the first stage that failed (sweep 1/2, decide 2/3, report 2, pr 1/2), else 0.
+
+--out-dir holds one run: before a stage runs, the file or folder it writes is removed, and the
+summary reads a stage's file only when that stage succeeded in this run. A failed stage therefore
+never shows (or leaves behind for `ci pr`) the decision, report or PR outcome of an earlier run.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ci.decide import parse_margin
+from ci.args import InputError, check_out_dir, parse_margin
 from ci.values import text
 
 HELP = "the main job: sweep this machine, decide, report, threshold PR (dry run without a token)"
@@ -37,7 +42,7 @@ DEFAULT_SUITES = "fa2,triton,calibration"
 SIZES = ("auto", "smoke", "nightly", "full")
 SIZE_FOR_DEVICE = {"cpu": "smoke", "cuda": "nightly"}
 PROBE = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"
-EXIT_FAILED = 1
+EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 
 Stage = Callable[[list[str]], int]  # `python -m ci <argv>` in this process; returns its exit code
 Probe = Callable[[], str]  # "cuda" or "cpu"
@@ -68,7 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="more `python -m bench run` arguments in one string, e.g. --bench-args=\"--gpus 2 --rep 50\"")
     p.add_argument("--results", nargs="+", metavar="RESULTS.json",
                    help="skip the sweep and decide on these results files (shards of one run)")
-    p.add_argument("--config", default="configs/base.yaml", help="config to decide against (default: %(default)s)")
+    p.add_argument("--config", default=None,
+                   help="config to decide against (default: configs/base.yaml of the checkout, else the installed copy)")
     p.add_argument("--margin", type=parse_margin, default=None,
                    help="speedup the interval's lower bound must clear (default: the config's decide.margin)")
     p.add_argument("--previous", default=None, help="previous results or decision file for the report")
@@ -141,10 +147,25 @@ def _timed(name: str, fn: Callable[[], tuple[int, str]]) -> StageResult:
     return StageResult(name, "ok" if rc == 0 else "failed", rc, seconds, detail)
 
 
+def _clear(path: Path) -> None:
+    """Remove an earlier run's output of the stage about to write `path`."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    else:
+        return
+    print(f"removed {path} from an earlier run", flush=True)
+
+
 def run(args: argparse.Namespace, stage: Stage, probe: Probe = probe_device) -> int:
     """Run every stage `args` asks for; `stage` runs one `python -m ci` subcommand in-process."""
     out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        check_out_dir(out, "--out-dir")
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     decision, report_dir, pr_dir = out / "decision.json", out / "report", out / "pr"
     done: list[StageResult] = []
 
@@ -153,25 +174,33 @@ def run(args: argparse.Namespace, stage: Stage, probe: Probe = probe_device) -> 
         done.append(StageResult("sweep", "skipped", detail="--results " + " ".join(files)))
     else:
         files = [str(out / "results.json")]
+        out.mkdir(parents=True, exist_ok=True)
+        _clear(out / "results.json")
         done.append(_timed("sweep", lambda: (0, _sweep(args, out / "results.json", probe))))
         if done[-1].status == "failed":
             return _finish(done, {}, report_dir)
 
     margin = [] if args.margin is None else ["--margin", repr(args.margin)]
-    done.append(_timed("decide", lambda: (_call(stage, ["decide", "--results", *files, "--config", args.config,
+    config = [] if args.config is None else ["--config", args.config]
+    for path in (decision, report_dir, pr_dir):
+        _clear(path)
+    done.append(_timed("decide", lambda: (_call(stage, ["decide", "--results", *files, *config,
                                                          *margin, "--out", str(decision)]), str(decision))))
-    doc = _read_json(decision)
+    # Exit 3 (parity failure) still writes the decision, and the report shows the failures.
+    doc = _read_json(decision) if done[-1].rc in (0, 3) else {}
     if not doc:
         return _finish(done, doc, report_dir)
     previous = ["--previous", args.previous] if args.previous else []
     done.append(_timed("report", lambda: (_call(stage, ["report", "--decision", str(decision), *previous,
                                                          "--out-dir", str(report_dir)]), str(report_dir))))
     done.append(_pr(args, stage, doc, decision, report_dir, pr_dir, done))
-    return _finish(done, doc, report_dir)
+    return _finish(done, doc, report_dir if done[-2].status == "ok" else None)
 
 
 def _pr(args: argparse.Namespace, stage: Stage, doc: dict[str, Any], decision: Path, report_dir: Path,
         pr_dir: Path, done: list[StageResult]) -> StageResult:
+    # `ci pr --config` is the config's path inside the repository, which the local default matches.
+    config = ["--config", args.config] if args.config else []
     failed = [r.name for r in done if r.status == "failed"]
     if failed:
         return StageResult("pr", "skipped", detail=f"{' and '.join(failed)} failed")
@@ -179,15 +208,15 @@ def _pr(args: argparse.Namespace, stage: Stage, doc: dict[str, Any], decision: P
         return StageResult("pr", "skipped", detail="results from a CPU machine: thresholds are per GPU profile")
 
     def go() -> tuple[int, str]:
-        rc = _call(stage, ["pr", "--decision", str(decision), "--report-dir", str(report_dir),
-                           "--config", args.config, "--out-dir", str(pr_dir), *(["--dry-run"] * args.dry_run)])
-        info = _read_json(pr_dir / "pr.json")
+        rc = _call(stage, ["pr", "--decision", str(decision), "--report-dir", str(report_dir), *config,
+                           "--out-dir", str(pr_dir), *(["--dry-run"] * args.dry_run)])
+        info = _read_json(pr_dir / "pr.json") if rc == 0 else {}
         return rc, f"outcome {info.get('outcome', 'unknown')}" + (f" {info['pr_url']}" if info.get("pr_url")
                                                                    else f", files in {pr_dir}")
     return _timed("pr", go)
 
 
-def _finish(done: Sequence[StageResult], doc: dict[str, Any], report_dir: Path) -> int:
+def _finish(done: Sequence[StageResult], doc: dict[str, Any], report_dir: Path | None) -> int:
     print("\n== pipeline summary ==")
     for r in done:
         seconds = f"{r.seconds:7.1f} s" if r.seconds is not None else " " * 9
@@ -202,7 +231,7 @@ def _finish(done: Sequence[StageResult], doc: dict[str, Any], report_dir: Path) 
         branches = ", ".join(f"{name} {text(b['current'])} -> {text(b['proposed'])}" if b.get("changed")
                              else f"{name} {text(b['current'])} (unchanged)" for name, b in doc.get("branches", {}).items())
         print(f"thresholds ({doc.get('profile')}, {doc.get('gpu_name')}): {branches}")
-        if (report_dir / "report.md").is_file():
+        if report_dir is not None and (report_dir / "report.md").is_file():
             print(f"report: {report_dir / 'report.md'}")
     failed = [r for r in done if r.status == "failed"]
     print("outcome: " + (f"failed at {failed[0].name} (exit {failed[0].rc})" if failed else "ok"))

@@ -15,8 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ci.config_edit import ConfigEditError, edit_thresholds, unified_diff
-from ci.pr_plan import PlanError, PrPlan, build_plan, load_report
+from ci import atomic
+from ci.args import InputError, check_out_dir
+from ci.pr_plan import PlanError, PrPlan, build_plan, load_report, validate_decision
 
 if TYPE_CHECKING:
     from ci.github import Target
@@ -79,9 +80,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _write_outputs(out_dir: Path, plan: PrPlan, body: str, diff: str, info: Mapping[str, Any]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "pr_body.md").write_text(body, encoding="utf-8")
-    (out_dir / "config.diff").write_text(diff, encoding="utf-8")
+    """pr_body.md, config.diff and pr.json, swapped in together: never one run's body with another's diff."""
     doc = {
         "title": plan.title,
         "branch": plan.branch,
@@ -90,7 +89,10 @@ def _write_outputs(out_dir: Path, plan: PrPlan, body: str, diff: str, info: Mapp
         "files": [f.path for f in plan.files],
         **info,
     }
-    (out_dir / "pr.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    with atomic.staging_dir(out_dir) as stage:
+        (stage / "pr_body.md").write_text(body, encoding="utf-8")
+        (stage / "config.diff").write_text(diff, encoding="utf-8")
+        (stage / "pr.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
 def _env_dry_run(env: Mapping[str, str]) -> bool:
@@ -131,19 +133,28 @@ def _load_plan(args: argparse.Namespace) -> PrPlan:
         ) from None
     profile = decision.get("profile") if isinstance(decision, dict) else None
     build_plan(decision, "", ())  # validates the decision before the report is read
+    validate_decision(decision)
     report, files = load_report(args.report_dir, str(profile))
     return build_plan(decision, report, files)
 
 
 def _dry_run(args: argparse.Namespace, plan: PrPlan, why: str, env: Mapping[str, str], out: TextIO) -> int:
+    from ci.config_edit import ConfigEditError, edit_thresholds, unified_diff
+
+    local = args.config
+    if local == DEFAULT_CONFIG and not Path(local).is_file():  # not in a checkout: the installed copy
+        from nsa.resources import default_config_path
+
+        local = str(default_config_path())
     try:
-        with open(args.config, encoding="utf-8", newline="") as fh:
+        with open(local, encoding="utf-8", newline="") as fh:
             old = fh.read()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
         raise ConfigEditError(
-            f"--config must be a readable file, got {args.config!r} ({exc.strerror}); run from the repository root"
+            f"--config must be a readable file of UTF-8 text, got {local!r} ({why}); run from the repository root"
         ) from None
-    new = edit_thresholds(old, plan.profile, plan.changes, source=args.config)
+    new = edit_thresholds(old, plan.profile, plan.changes, source=local)
     diff = unified_diff(old, new, args.config)
     would = "change" if diff else "nothing to change"
     _write_outputs(
@@ -164,12 +175,14 @@ def run(
     err: TextIO | None = None,
 ) -> int:
     """Run the ``pr`` subcommand for parsed ``args``; ``connector`` builds the client (tests pass one)."""
-    # Imported here so that the other subcommands never load the network code.
+    # Imported here so that the other subcommands never load the network or YAML code.
+    from ci.config_edit import ConfigEditError
     from ci.github import GitHubError, connect, publish, target_from_env
 
     env = os.environ if env is None else env
     out, err = out or sys.stdout, err or sys.stderr
     try:
+        check_out_dir(args.out_dir, "--out-dir")  # before anything is sent: the outcome must be writable
         plan = _load_plan(args)
         why = "--dry-run" if args.dry_run else f"{DRY_RUN_ENV}={env[DRY_RUN_ENV]}" if _env_dry_run(env) else ""
         target = None if why else target_from_env(env)
@@ -184,7 +197,8 @@ def run(
             base=args.base,
             log=lambda line: print(line, file=err),
         )
-    except (PlanError, ConfigEditError) as exc:
+    except (PlanError, ConfigEditError, InputError, FileNotFoundError) as exc:
+        # FileNotFoundError: nsa.resources found no default config (a broken install).
         print(f"error: {exc}", file=err)
         return EXIT_INPUT
     except GitHubError as exc:

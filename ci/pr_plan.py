@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ci import values
+from nsa import settings
 
 __all__ = [
     "BODY_LIMIT",
@@ -25,8 +26,10 @@ __all__ = [
     "link_images",
     "load_report",
     "truncate_body",
+    "validate_decision",
 ]
 
+DECISION_SCHEMA = "nsa-decision/2"  # ci.decide.SCHEMA, not imported: this module stays free of numpy
 BODY_LIMIT = 65536  # GitHub rejects a PR body longer than this many characters
 TITLE_LIMIT = 256
 LABEL = "nsa-thresholds"
@@ -151,6 +154,57 @@ def _branches(decision: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 
 def _shown(value: values.Value) -> str:
     return values.text(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate_decision(doc: Any) -> None:
+    """Raise `PlanError` unless `doc` is a decision a threshold PR may carry.
+
+    A PR may carry a decision only when no cell failed (exit_code 0: no parity failure, no failed
+    cell anywhere) and every proposal is a value the decision rule can produce: -1, or one of the
+    sequence lengths that key's cells were tested at. Anything else (a hand-edited file, a decision
+    from a broken run) would put a value on the PR branch that no measurement supports.
+    """
+    fix = "rerun `python -m ci decide` and fix what it reports before opening a PR"
+    if not isinstance(doc, Mapping):
+        raise PlanError(f"decision must be a JSON object, got {type(doc).__name__}; pass out/decision.json")
+    if doc.get("schema") != DECISION_SCHEMA:
+        raise PlanError(f"decision.schema must be {DECISION_SCHEMA!r}, got {doc.get('schema')!r}; pass the file "
+                        "written by `python -m ci decide`")
+    if doc.get("exit_code") != 0 or isinstance(doc.get("exit_code"), bool):
+        raise PlanError(f"decision.exit_code must be 0, got {doc.get('exit_code')!r} (3: parity failure); {fix}")
+    cells = doc.get("cells")
+    if not isinstance(cells, list) or not all(isinstance(c, Mapping) for c in cells):
+        raise PlanError(f"decision.cells must be a list of cells, got {type(cells).__name__}; {fix}")
+    failed = [str(c.get("id")) for c in cells if c.get("verdict") == "failed"]
+    failures = doc.get("failures") or []
+    parity = [str(f.get("id")) for f in failures if isinstance(f, Mapping) and f.get("parity_failed")]
+    if failed or parity:
+        shown = sorted(set(failed + parity))
+        raise PlanError(f"decision must have no failed cells, got {len(shown)} ({', '.join(shown[:3])}"
+                        f"{', ...' if len(shown) > 3 else ''}); {fix}")
+    for name, b in _branches(doc).items():
+        try:
+            settings.threshold(b["proposed"], f"decision.branches.{name}.proposed")
+        except settings.SettingsError as exc:
+            raise PlanError(f"{exc}; {fix}") from None
+        if b["changed"] != (b["proposed"] != b["current"]):
+            raise PlanError(f"decision.branches.{name}.changed must say whether proposed differs from current, got "
+                            f"changed {b['changed']} with {b['current']} -> {b['proposed']}; {fix}")
+        classes = b.get("classes")
+        entries = classes.values() if isinstance(classes, Mapping) else [b]
+        for e in entries:
+            where = f"decision.branches.{name}" + (f".classes.{e.get('class')}" if classes else "")
+            lengths = e.get("lengths")
+            if not isinstance(lengths, list) or not all(isinstance(x, Mapping) and _is_int(x.get("T")) for x in lengths):
+                raise PlanError(f"{where}.lengths must be a list of {{T: int, ...}}, got {lengths!r}; {fix}")
+            tested = sorted(x["T"] for x in lengths)
+            if e.get("changed") and e.get("proposed") != -1 and e.get("proposed") not in tested:
+                raise PlanError(f"{where}.proposed must be -1 or a tested length of {b['key']} "
+                                f"({', '.join(map(str, tested)) or 'none tested'}), got {e.get('proposed')}; {fix}")
 
 
 def _title(gpu_name: str, profile: str, branches: Mapping[str, Mapping[str, Any]]) -> str:

@@ -1,7 +1,8 @@
 """`ci report`: render a decision file as markdown (report.md, summary.md) plus plots.
 
 report.md doubles as the threshold PR body; summary.md is short enough for
-`$GITHUB_STEP_SUMMARY`. Templates live in the repository's `templates/` folder and render under
+`$GITHUB_STEP_SUMMARY`. Templates live in the checkout's `templates/` folder (an installed package
+carries copies, see nsa.resources) and render under
 StrictUndefined: a decision file missing a field fails loudly instead of printing a blank.
 """
 
@@ -18,8 +19,9 @@ import jinja2
 from bench import results
 from ci import compare, values
 from ci.decide import DECISION_SUITE, FAMILIES, SCHEMA
+from nsa.resources import templates_dir
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = templates_dir()  # the checkout's templates/, else the copies installed with the package
 SUMMARY_LIMIT = 1024 * 1024  # GitHub rejects a step summary above 1 MiB
 SUMMARY_FAILURES = 5
 METHOD_KEYS = ("timer", "statistic", "warmup_ms", "warmup", "rep_ms", "rep", "interleaved", "l2_flush")
@@ -233,8 +235,15 @@ def _read_json(path: str | os.PathLike[str], what: str) -> Any:
         return json.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ReportError(f"cannot read {what} {p}: {exc.strerror}; check the path") from None
+    except RecursionError:
+        raise ReportError(f"{what} {p} must be JSON of sane depth, got nesting too deep to read; pass the file "
+                          "the pipeline wrote") from None
+    except UnicodeDecodeError as exc:
+        raise ReportError(f"{what} {p} must be UTF-8 JSON, got a byte that is not UTF-8 at offset {exc.start}; "
+                          "pass the file the pipeline wrote") from None
     except json.JSONDecodeError as exc:
-        raise ReportError(f"{what} {p} must be JSON, got a parse error ({exc})") from None
+        raise ReportError(f"{what} {p} must be JSON, got a parse error ({exc}); pass the file the pipeline "
+                          "wrote, or regenerate it") from None
 
 
 def load_decision(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -259,28 +268,44 @@ def load_previous(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def write_report(decision_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                  previous_path: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Write report.md, summary.md and one speedup PNG per threshold key with data; return the paths."""
+    """Write report.md, summary.md and one speedup PNG per threshold key with data; return the paths.
+
+    The decision is validated by rendering both templates before any plot is drawn. Everything is
+    written into a temporary folder beside `out_dir`, which replaces `out_dir` only when every file
+    is written: a failed report leaves no plots behind and never mixes with an earlier report.
+    """
     decision = load_decision(decision_path)
     previous = load_previous(previous_path) if previous_path else None
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    from ci import plots  # matplotlib is slow to import; only this entry point draws
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"--out-dir must be a folder, got the file {str(out)!r}; pass another folder")
 
-    try:
-        plot_files = {name: plots.plot_branch([c for c in decision["cells"] if c["suite"] == branch_suite(b)],
-                                              name, decision["margin"], out / f"speedup_{name}.png")
-                      for name, b in decision["branches"].items()}
-        names = {name: png.name if png else None for name, png in plot_files.items()}
-        report = render_report(decision, previous, str(previous_path or ""), names)
-        summary = render_summary(decision)
-    except (KeyError, TypeError, jinja2.UndefinedError) as exc:
-        raise ReportError(f"decision file {decision_path} lacks a field the report needs ({exc}); "
-                          "regenerate it with `python -m ci decide`") from None
-    written = [png for png in plot_files.values() if png]
-    for name, text in (("report.md", report), ("summary.md", summary)):
-        (out / name).write_text(text, encoding="utf-8")
-        written.append(out / name)
-    return written
+    def render(plot_names: Mapping[str, str | None] | None) -> tuple[str, str]:
+        try:
+            return (render_report(decision, previous, str(previous_path or ""), plot_names),
+                    render_summary(decision))
+        except (KeyError, TypeError, AttributeError, ValueError, jinja2.UndefinedError) as exc:
+            raise ReportError(f"decision file {decision_path} lacks a field the report needs, or holds one of "
+                              f"the wrong type ({type(exc).__name__}: {exc}); regenerate it with "
+                              "`python -m ci decide`") from None
+
+    render(None)
+    from ci import atomic, plots  # matplotlib is slow to import; only this entry point draws
+
+    with atomic.staging_dir(out) as stage:
+        try:
+            drawn = {name: plots.plot_branch([c for c in decision["cells"] if c["suite"] == branch_suite(b)],
+                                             name, decision["margin"], stage / f"speedup_{name}.png")
+                     for name, b in decision["branches"].items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReportError(f"decision file {decision_path} must hold plottable cells, got "
+                              f"{type(exc).__name__}: {exc}; regenerate it with `python -m ci decide`") from None
+        report, summary = render({name: png.name if png else None for name, png in drawn.items()})
+        names = [png.name for png in drawn.values() if png]
+        for name, text in (("report.md", report), ("summary.md", summary)):
+            (stage / name).write_text(text, encoding="utf-8")
+            names.append(name)
+    return [out / name for name in names]
 
 
 def append_summary(summary_path: str | os.PathLike[str], target: str | os.PathLike[str]) -> bool:

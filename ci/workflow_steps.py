@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
-
 HELP = "run one workflow job's run: steps on this machine, env resolved from the inputs' defaults"
 EXIT_BAD_INPUT = 2
 SHELL = ("bash", "--noprofile", "--norc", "-eo", "pipefail", "-c")
@@ -140,15 +138,20 @@ def _as_text(value: Any) -> str:
 
 
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
+    import yaml  # here, not at the top: `python -m ci guard` runs before PyYAML is installed
+
     try:
         doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise WorkflowError(f"workflow {path} must be UTF-8 text, got bytes that are not; save it as UTF-8") from None
     except OSError as exc:
         raise WorkflowError(f"cannot read workflow {path}: {exc.strerror}; pass a path such as "
                             ".github/workflows/gpu-bench.yml") from None
     except yaml.YAMLError as exc:
         raise WorkflowError(f"workflow {path} must be valid YAML, got an error: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), dict):
-        raise WorkflowError(f"workflow {path} must be a mapping with a `jobs:` mapping")
+        raise WorkflowError(f"workflow {path} must be a mapping with a `jobs:` mapping, got "
+                            f"{type(doc).__name__}; pass a GitHub Actions workflow file")
     return doc
 
 

@@ -1,8 +1,10 @@
 """Visibility rules of the three branches, as boolean masks over token positions.
 
 One definition serves prefill (queries at positions 0..T-1) and decode (one query at position t,
-keys from a cache): every fast path and backend builds its masks or bounds from these functions.
-The fp64 oracle (`nsa.reference`) re-derives the rules independently with per-token loops.
+keys from a cache). The `sdpa`, `flex` and FA-2 (`flash_attn`, `torch_fa2`) backends build their
+masks or bounds from these functions; the `triton` kernels (`nsa.backends.triton_nsa`) apply the
+same rules inside the kernel, and the parity tests hold them to these. The fp64 oracle
+(`nsa.reference`) re-derives the rules independently with per-token loops.
 """
 
 from __future__ import annotations

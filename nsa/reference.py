@@ -1,4 +1,4 @@
-"""fp64 oracle: NSA written per token, straight from shared/spec/nsa.md.
+"""fp64 oracle: NSA written per token, straight from docs/nsa.md.
 
 Deliberately naive and independent of the fast paths: it imports nothing from nsa except the
 config, rebuilds every visibility rule with explicit comparisons, and loops over batch, query

@@ -1,5 +1,5 @@
 """Rotary position embedding (rotate-half form), applied to queries and RAW keys of every branch
-before compression: compressed keys summarise already-rotated raw keys (shared/spec/nsa.md)."""
+before compression: compressed keys summarise already-rotated raw keys (docs/nsa.md)."""
 
 from __future__ import annotations
 

@@ -23,8 +23,7 @@ import yaml
 
 from nsa import keys
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "base.yaml"
-PACKAGED_CONFIG = Path(__file__).resolve().parent / "data" / "base.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "base.yaml"  # a checkout's
 
 Value = int | dict[str, int]
 
@@ -123,8 +122,13 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _Loader.
 
 
 def default_path() -> Path:
-    """configs/base.yaml of a checkout, else the copy installed with the package."""
-    return DEFAULT_CONFIG if DEFAULT_CONFIG.is_file() else PACKAGED_CONFIG
+    """configs/base.yaml of a checkout, else the copy installed with the package (nsa.resources)."""
+    from nsa import resources
+
+    try:
+        return resources.default_config_path()
+    except FileNotFoundError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 def load(path: str | Path | None = None) -> Settings:

@@ -1,5 +1,5 @@
 """The GitHub Actions workflows: every `run:` is one call of a tested entry point, and the security
-rules of shared/spec/pipeline.md ("Workflows") hold. actionlint and zizmor run here too when they are
+rules of docs/pipeline.md ("Workflows") hold. actionlint and zizmor run here too when they are
 installed (the dev extra installs both, so `make test` runs them)."""
 
 from __future__ import annotations
@@ -151,14 +151,53 @@ def test_gpu_workflow_shape() -> None:
         uploads = [s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@")]
         assert uploads and all(s["if"] == "${{ always() }}" for s in uploads)
     gpu_runs = [c for w, j, c, _ in RUN_STEPS if w == GPU.name and j == "gpu"]
-    assert gpu_runs[1:3] == ["make test-gpu-smoke", "make test-fa2-parity"]
-    assert gpu_runs[3].startswith("python -m bench run ") and "--device cuda" in gpu_runs[3]
+    assert gpu_runs[0] == "python -m ci guard"
+    assert gpu_runs[2:4] == ["make test-gpu-smoke", "make test-fa2-parity"]
+    assert gpu_runs[4].startswith("python -m bench run ") and "--device cuda" in gpu_runs[4]
     decide_runs = [c.split()[:4] for w, j, c, _ in RUN_STEPS if w == GPU.name and j == "decide"]
     assert [c[3] for c in decide_runs[1:]] == ["decide", "report", "pr"]
     pr_env = next(s for s in decide["steps"] if "ci pr" in str(s.get("run")))["env"]
     assert pr_env["GITHUB_TOKEN"] == "${{ secrets.NSA_BOT_TOKEN || github.token }}"
     labels = yaml.safe_load((REPO / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"]
     assert {"gpu", "sm90", "sm89", "sm80"} <= set(labels)
+
+
+def test_guard_is_the_first_step_that_runs_repository_code() -> None:
+    """Only actions/checkout (which runs none of the repository's code) may come before the guard."""
+    for name, job in load(GPU)["jobs"].items():
+        if "self-hosted" not in job["runs-on"]:
+            continue
+        steps = job["steps"]
+        first_run = next(i for i, s in enumerate(steps) if "run" in s)
+        assert steps[first_run]["run"].strip() == "python -m ci guard", f"job {name}: the guard must run first"
+        assert all(str(s.get("uses", "")).startswith("actions/checkout@") for s in steps[:first_run]), \
+            f"job {name}: only checkout may precede the guard"
+        assert steps[first_run]["env"]["NSA_DEFAULT_BRANCH"] == "${{ github.event.repository.default_branch }}"
+        assert "if" not in steps[first_run], "the guard must run unconditionally"
+
+
+def test_jobs_with_secrets_run_in_an_environment() -> None:
+    decide = load(GPU)["jobs"]["decide"]
+    assert decide.get("environment") == "threshold-pr", "the job holding the PR token needs an environment:"
+    for path in (CI, GPU):
+        for name, job in load(path)["jobs"].items():
+            if "secrets." in str(job):
+                assert job.get("environment"), f"{path.name}: job {name} reads a secret outside an environment"
+
+
+def test_guard_runs_before_anything_is_installed() -> None:
+    """`python -m ci guard` is the GPU job's first step: it must not need PyYAML, numpy, Jinja, ..."""
+    blocked = ("yaml", "numpy", "jinja2", "ruamel", "github", "matplotlib", "torch", "requests")
+    code = ("import sys\n"
+            f"for name in {blocked!r}: sys.modules[name] = None\n"
+            "from ci.__main__ import main\n"
+            "sys.exit(main(['guard']))\n")
+    env = {"PATH": "/usr/bin:/bin", "GITHUB_ACTIONS": "true", "GITHUB_EVENT_NAME": "schedule",
+           "GITHUB_REF": "refs/heads/main", "NSA_DEFAULT_BRANCH": "main"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "guard: ok" in proc.stdout
 
 
 def _tool(name: str) -> str:
@@ -181,3 +220,12 @@ def test_actionlint() -> None:
 
 def test_zizmor() -> None:
     _check([_tool("zizmor"), "--offline", "--no-progress", "--color", "never", str(WORKFLOWS)])
+
+
+def test_zizmor_auditor_finds_only_the_self_hosted_runner() -> None:
+    """The auditor persona flags every self-hosted runner (the README's controls answer it) and, before
+    the decide job had an environment, the PR token as a secret outside one."""
+    proc = subprocess.run([_tool("zizmor"), "--offline", "--no-progress", "--color", "never", "--persona", "auditor",
+                           str(WORKFLOWS)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    found = set(re.findall(r"^\w+\[([\w-]+)\]", proc.stdout + proc.stderr, re.M))
+    assert found <= {"self-hosted-runner"}, proc.stdout + proc.stderr

@@ -6,7 +6,7 @@ position t = S - 1 is timed (the cache is restored before every call, outside th
 region, so every sample is the same step). Variants: all three branches, and each branch alone
 (`branches`: the others are gated off and not computed). Reads come from the module's read
 counters (`cache.reads`, what the kernels were given) and are compared with the exact counts of
-shared/spec/nsa.md: cmp `n_cmp(t)`, sel `(k - 1) * l' + t % l' + 1` with `k = min(n, t // l' + 1)`
+docs/nsa.md: cmp `n_cmp(t)`, sel `(k - 1) * l' + t % l' + 1` with `k = min(n, t // l' + 1)`
 selected blocks, win `min(w, t + 1)`, per KV group; a mismatch fails the case. The paper's
 budget `s/d + n*l' + w` (Table 4) is recorded beside them.
 

@@ -30,6 +30,10 @@ def unsupported_reason(call: AttnCall) -> str | None:
     dk, dv = call.q.shape[-1], call.v.shape[-1]
     if call.q.device.type == "cuda" and min(dk, dv) < 16:
         return f"FlexAttention's compiled kernel needs head dims >= 16, got {dk}/{dv}"
+    if call.q.device.type == "cuda" and dk != dv:
+        # Seen on an H100 (sliding and compressed, dk 32 / dv 16): the compiled kernel fails inside
+        # torch.compile with a dynamo traceback instead of an error naming the head dims.
+        return f"FlexAttention's compiled kernel needs equal q/k and v head dims, got dk {dk} != dv {dv}"
     if call.q.device.type == "cuda" and max(dk, dv) > 128:
         # Seen in this repo's parity suite (H200, torch 2.11): head dim 192 failed in the compiled kernel.
         return f"FlexAttention's compiled kernel is limited to head dims <= 128 here, got {dk}/{dv}"

@@ -5,7 +5,7 @@ sliding: one batched call, `is_causal=True`, `window_size_left = w - 1`, `window
 (FA-2 aligns the last query with the last key, which is also a decode step's alignment).
 compressed: varlen over buckets of `stride` queries with equal visible count: every bucket's
 `cu_seqlens_k` entry points at the start of its batch's compressed keys and `seqused_k` holds
-the visible count (shared/spec/pipeline.md). Memory: the padded bucket copy of q, `O(B*T*Hq*dk)`.
+the visible count (docs/pipeline.md). Memory: the padded bucket copy of q, `O(B*T*Hq*dk)`.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ SMALL = {"B": 1, "Hq": 4, "Hkv": 2, "Dk": 32, "Dv": 32, "dtype": "bf16"}
 def _run(cells: list[Cell]) -> list[dict]:
     cases = runner.run_cells(list(enumerate(cells)), runner.RunOptions(device="cpu", timer=TINY))
     doc = runner.document(cases, runner.RunOptions(device="cpu", timer=TINY), command="test",
-                          git_sha="unknown", machine={k: None for k in results.MACHINE_FIELDS})
+                          git_sha="unknown", machine={**{k: None for k in results.MACHINE_FIELDS}, "sm": "cpu", "gpu_name": "cpu"})
     results.check(doc)
     return cases
 

@@ -1,4 +1,4 @@
-"""ci.decide: cells, length verdicts and the threshold rule of shared/spec/pipeline.md."""
+"""ci.decide: cells, length verdicts and the threshold rule of docs/pipeline.md."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ TOKEN = "ghs_FAKE0123456789abcdefTOKEN"
 BRANCH = "nsa-thresholds/sm90"
 GOLDEN = Path(__file__).parent / "golden"
 BASE_CONFIG = (GOLDEN / "config_base.yaml").read_bytes()
+TESTED = (1024, 2048, 4096, 8192)  # the lengths every fixture branch was "measured" at
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
 
 
@@ -32,12 +33,17 @@ def decision(win: tuple[int, int] = (-1, 4096), cmp: tuple[int, int] = (-1, -1))
             "proposed": proposed,
             "changed": proposed != current,
             "reason": f"measured {proposed}",
+            "lengths": [{"T": t, "verdict": "adopt", "cells": []} for t in TESTED],
         }
 
     return {
+        "schema": "nsa-decision/1",
         "profile": "sm90",
         "gpu_name": "NVIDIA H100 80GB HBM3",
         "branches": {"win": branch("fa2_min_len_win", *win), "cmp": branch("fa2_min_len_cmp", *cmp)},
+        "exit_code": 0,
+        "cells": [],
+        "failures": [],
     }
 
 
@@ -361,7 +367,8 @@ def test_dry_run_proposes_a_triton_key_and_changes_only_its_line(
     monkeypatch.chdir(pristine_config.parents[1])
     doc = decision(win=(-1, -1))
     doc["branches"]["triton_sel"] = {"key": "triton_min_len_sel", "current": -1, "proposed": 8192,
-                                     "changed": True, "reason": "measured 8192"}
+                                     "changed": True, "reason": "measured 8192",
+                                         "lengths": [{"T": 8192, "verdict": "adopt", "cells": []}]}
     rc, out, _ = run(doc, "--dry-run")
     assert rc == 0 and "outcome=dry-run" in out and fake.log == []
     plan = json.loads((run.tmp / "pr" / "pr.json").read_text())

@@ -1,0 +1,86 @@
+"""Argument checks shared by the `python -m ci` subcommands, run before any stage reads or writes.
+
+Each check raises `InputError` (exit 2) with `"<name> must <constraint>, got <actual>; <fix>"`,
+so that a bad flag is reported in one line before a file is touched, not as a traceback halfway
+through a stage. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+__all__ = ["InputError", "check_out_dir", "check_out_file", "check_text_file", "check_yaml_file", "parse_margin"]
+
+
+class InputError(ValueError):
+    """A command-line value that cannot work; the message says how to fix it."""
+
+
+def parse_margin(text: str) -> float | None:
+    """A `--margin` value: a finite number > 0, or empty for the config's decide.margin.
+
+    Empty is what an unset workflow input expands to (a scheduled run has no inputs), so the
+    workflow can always pass `--margin "$MARGIN"`. NaN would make every comparison false and
+    infinity could never be cleared, so both are refused here rather than deciding nothing.
+    """
+    if not text.strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"--margin must be a finite number above 0, got {text!r}; pass e.g. --margin 1.2, or an empty "
+            "value for the config's decide.margin")
+    return value
+
+
+def check_text_file(path: str | os.PathLike[str], flag: str, fix: str) -> None:
+    """`path` is a readable UTF-8 text file."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{flag} must be a file, got the folder {str(p)!r}; {fix}")
+    try:
+        p.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise InputError(f"{flag} must be a readable file, got {str(p)!r} ({exc.strerror}); {fix}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{flag} must be UTF-8 text, got {str(p)!r} with a byte {exc.object[exc.start]:#04x} "
+                         f"that is not UTF-8 at offset {exc.start}; save it as UTF-8 or {fix}") from None
+
+
+def check_yaml_file(path: str | os.PathLike[str], flag: str, fix: str) -> None:
+    """`path` is a readable UTF-8 file that parses as YAML (what it must contain is the reader's business)."""
+    check_text_file(path, flag, fix)
+    import yaml  # PyYAML: imported by the subcommands that read configs, never by `guard`
+
+    try:
+        yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise InputError(f"{flag} must be valid YAML, got {problem}{where} in {str(path)!r}; fix that line "
+                         f"or {fix}") from None
+
+
+def check_out_dir(path: str | os.PathLike[str], flag: str) -> None:
+    """`path` is a folder or does not exist yet (it is created), never a file."""
+    p = Path(path)
+    for parent in (p, *p.parents):
+        if parent.exists() and not parent.is_dir():
+            raise InputError(f"{flag} must be a folder, got {str(p)!r} where {str(parent)!r} is a file; "
+                             "pass another folder or remove the file")
+
+
+def check_out_file(path: str | os.PathLike[str], flag: str) -> None:
+    """`path` is a file or does not exist yet, never a folder, and its parents are folders."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{flag} must be a file path, got the folder {str(p)!r}; pass a file name "
+                         f"inside it, e.g. {str(p / 'out.json')!r}")
+    check_out_dir(p.parent, f"the folder of {flag}")

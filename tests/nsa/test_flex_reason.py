@@ -1,0 +1,43 @@
+"""`backend="flex"` on CUDA with dk != dv is refused with the reason (hardening issue, item 10).
+
+Seen on an H100 (sliding and compressed, B2 T37 Hq8 Hkv2 dk32/dv16): the compiled kernel failed
+inside torch.compile with a dynamo traceback. `unsupported_reason` reads only the tensors' device,
+dtype and shape, so stand-ins that say "cuda" test it on a CPU machine.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nsa.backends import AttnCall, BackendError, flex
+
+
+def _call(op: str, dk: int, dv: int, device: str = "cuda") -> AttnCall:
+    def t(*shape: int) -> SimpleNamespace:
+        return SimpleNamespace(device=torch.device(device), dtype=torch.bfloat16, shape=shape)
+
+    return AttnCall(op=op, q=t(2, 37, 8, dk), k=t(2, 37, 2, dk), v=t(2, 37, 2, dv), scale=dk ** -0.5,
+                    window=16, block=8, stride=4)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("op", ["sliding", "compressed", "selected"])
+def test_cuda_dk_ne_dv_is_unsupported_with_the_reason(op: str) -> None:
+    reason = flex.unsupported_reason(_call(op, 32, 16))
+    assert reason == "FlexAttention's compiled kernel needs equal q/k and v head dims, got dk 32 != dv 16"
+
+
+def test_cuda_equal_dims_and_cpu_unequal_dims_stay_supported() -> None:
+    assert flex.unsupported_reason(_call("sliding", 32, 32)) is None
+    assert flex.unsupported_reason(_call("sliding", 32, 16, device="cpu")) is None
+
+
+def test_explicit_flex_raises_backend_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nsa import backends
+
+    monkeypatch.setattr(backends, "resolve", lambda name, device=None: name)
+    monkeypatch.setattr(flex, "unavailable_reason", lambda device=None: None)
+    with pytest.raises(BackendError, match=r"backend 'flex' cannot run this sliding call: .*dk 32 != dv 16"):
+        backends.run("flex", _call("sliding", 32, 16))
