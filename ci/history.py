@@ -8,7 +8,8 @@ command; ``machine``: the schema's machine fields only, not the NVML snapshots),
 ``profile`` (the sm), one entry per ok case (id, suite, op, backend, params, median_ms, p20_ms,
 p80_ms, n = the number of samples measured, samples_ms), ``dense`` (case id -> the id of the dense
 case of the same run and shape, the denominator that cancels machine drift in ``ci.regress``) and
-``decisions`` (the run's own decision entries, one per (key, shape class), for ``ci.lasting``).
+``decisions`` (the run's own decision entries, one per (key, shape class), for ``ci.lasting``) and
+``regressions`` (the case ids ``ci.regress`` flagged in this run, kept out of later baselines).
 Timings are rounded to 4 significant digits: run-to-run noise is 1% or more, so a fifth digit
 carries nothing. Failed and skipped cases are not kept: they carry no timing, and the report of
 their own run already says why.
@@ -75,6 +76,7 @@ class HistoryRun:
     cases: list[HistoryCase]
     dense: dict[str, str] = field(default_factory=dict)
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    regressions: list[str] = field(default_factory=list)  # case ids ci.regress flagged in this run
 
     @property
     def id(self) -> str:
@@ -185,7 +187,7 @@ def dumps(record: HistoryRun) -> str:
     lines += [one(asdict(c)) + ("," if i < len(record.cases) - 1 else "") for i, c in enumerate(record.cases)]
     lines.append('],"dense":' + one(record.dense) + ',"decisions":[')
     lines += [one(d) + ("," if i < len(record.decisions) - 1 else "") for i, d in enumerate(record.decisions)]
-    lines.append("]}")
+    lines.append('],"regressions":' + one(record.regressions) + "}")
     return "\n".join(lines) + "\n"
 
 
@@ -209,7 +211,8 @@ def loads(text: str, source: str = "history record") -> HistoryRun:
     except TypeError as exc:
         raise HistoryError(f"{source} must hold cases with the {SCHEMA} fields, got {exc}; delete it") from None
     return HistoryRun(run=doc["run"], machine=doc["machine"], gpu=doc["gpu"], profile=doc["profile"],
-                      cases=cases, dense=doc.get("dense") or {}, decisions=doc.get("decisions") or [])
+                      cases=cases, dense=doc.get("dense") or {}, decisions=doc.get("decisions") or [],
+                      regressions=doc.get("regressions") or [])
 
 
 def chronological(runs: Iterable[HistoryRun]) -> list[HistoryRun]:

@@ -8,6 +8,7 @@ GPU noise rather than synthetic noise.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from functools import cache
@@ -60,6 +61,19 @@ def records(rel: str, nights: int, scaled: Mapping[int, Mapping[str, float]] | N
             **kwargs: Any) -> list[history.HistoryRun]:
     """History records of ``nights`` nightlies of ``rel``; ``scaled[night]`` scales cases that night."""
     return [history.build_record(nightly(rel, n, (scaled or {}).get(n), **kwargs)) for n in range(nights)]
+
+
+def flagged_history(rel: str, nights: int, scaled: Mapping[int, Mapping[str, float]] | None = None,
+                    **kwargs: Any) -> list[history.HistoryRun]:
+    """Like ``records``, each night's regressions computed against the nights before and stored,
+    as the decide job does before it saves a record."""
+    from ci import regress
+
+    out: list[history.HistoryRun] = []
+    for rec in records(rel, nights, scaled, **kwargs):
+        rows = regress.regressions(rec, out)
+        out.append(dataclasses.replace(rec, regressions=[r.id for r in regress.flagged(rows)]))
+    return out
 
 
 def entry(key: str, measured: int | None, current: int = -1, cls: str = "all") -> dict[str, Any]:
