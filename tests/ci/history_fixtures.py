@@ -38,8 +38,9 @@ def real(rel: str) -> dict[str, Any]:
 
 
 def nightly(rel: str, night: int, scale: Mapping[str, float] | None = None, *, gpu_name: str | None = None,
-            prefix: str = "n") -> dict[str, Any]:
-    """The results of night ``night`` (0, 1, ...): ``rel`` re-dated, with ``scale``'d cases' samples.
+            prefix: str = "n", keep: Sequence[str] = ()) -> dict[str, Any]:
+    """The results of night ``night`` (0, 1, ...): ``rel`` re-dated, with ``scale``'d cases' samples;
+    with ``keep``, only the cases whose id contains one of those strings (a smaller replay).
 
     Unscaled nights reuse the same samples: history then holds identical runs, as a stable machine
     gives, and any flag in a test comes from the scaling alone.
@@ -50,6 +51,8 @@ def nightly(rel: str, night: int, scale: Mapping[str, float] | None = None, *, g
     doc["run"]["created_at"] = f"{when:%Y-%m-%dT%H:%M:%SZ}"
     if gpu_name is not None:
         doc["machine"]["gpu_name"] = gpu_name
+    if keep:
+        doc["cases"] = [c for c in doc["cases"] if any(k in c["id"] for k in keep)]
     for case in doc["cases"]:
         factor = (scale or {}).get(case["id"])
         if factor is not None and case["status"] == "ok":

@@ -19,6 +19,9 @@ SLOW = "triton/selected/triton/B1-T8192-Hq8-Hkv2-D64-l32-d16-ls64-n16-bf16"
 GPU = "NVIDIA H100 80GB HBM3"
 NSA = ("decode/nsa_decode/triton/B8-T65536-Hq64-Hkv4-D128-w512-l32-d16-ls64-n16-branchescmp-dim2560-"
        "graphTrue-nsa_backendtriton-bf16")
+# The issue tests replay the triton nightly's cases at T >= 8192 only (18 of 84): the bootstrap per
+# case and night is the slow part, and longer kernels are the ones whose regressions matter.
+LONG = ("-T8192-", "-T16384-")
 DENSE = "decode/dense/sdpa_flash/B8-T65536-Hq64-Hkv4-D128-w512-l32-d16-ls64-n16-dim2560-graphTrue-nsa_backendtriton-bf16"
 
 
@@ -36,7 +39,7 @@ def test_one_case_20_percent_slower_is_the_only_regression() -> None:
 
 
 def test_a_persisting_regression_stays_flagged_until_accepted() -> None:
-    recs = hx.flagged_history(hx.H100_TRITON, 6, {n: {SLOW: 1.2} for n in range(3, 6)})
+    recs = hx.flagged_history(hx.H100_TRITON, 6, {n: {SLOW: 1.2} for n in range(3, 6)}, keep=LONG)
     assert [r.regressions for r in recs][3:] == [[SLOW]] * 3
     rows = regress.regressions(recs[5], recs[:5], accepted={SLOW})  # baseline: nights 2, 3, 4
     assert regress.flagged(rows) == []
@@ -98,7 +101,7 @@ def tracked(fake: FakeGitHub, night: int, recs: list, log: list[str] | None = No
 def test_a_slow_run_opens_the_issue_and_a_recovered_run_closes_it(fake: FakeGitHub) -> None:
     # Nights 0-2 normal, 3 and 4 with SLOW 20% slower, 5 recovered. Night 4 is still flagged: night 3
     # was flagged, so it stays out of SLOW's baseline rather than making the slowdown the new normal.
-    recs = hx.flagged_history(hx.H100_TRITON, 6, {3: {SLOW: 1.2}, 4: {SLOW: 1.2}})
+    recs = hx.flagged_history(hx.H100_TRITON, 6, {3: {SLOW: 1.2}, 4: {SLOW: 1.2}}, keep=LONG)
     assert [r.regressions for r in recs] == [[], [], [], [SLOW], [SLOW], []]
     assert [tracked(fake, n, recs).outcome for n in range(3)] == ["none"] * 3
     assert fake.issues == {}
@@ -124,7 +127,7 @@ def test_a_slow_run_opens_the_issue_and_a_recovered_run_closes_it(fake: FakeGitH
 
 
 def test_a_create_carried_out_before_a_server_error_is_not_duplicated(fake: FakeGitHub) -> None:
-    recs = hx.records(hx.H100_TRITON, 4, {3: {SLOW: 1.2}})
+    recs = hx.records(hx.H100_TRITON, 4, {3: {SLOW: 1.2}}, keep=LONG)
     # GitHub opens the issue, answers 500, and PyGithub's retry opens a second one.
     fake.fail("POST", r"/issues$", 500, after=True, times=1)
     log: list[str] = []
@@ -135,7 +138,7 @@ def test_a_create_carried_out_before_a_server_error_is_not_duplicated(fake: Fake
 
 
 def test_errors_are_one_line_with_the_permission_and_no_token(fake: FakeGitHub) -> None:
-    recs = hx.records(hx.H100_TRITON, 4, {3: {SLOW: 1.2}})
+    recs = hx.records(hx.H100_TRITON, 4, {3: {SLOW: 1.2}}, keep=LONG)
     fake.fail("GET", r"/issues$", 403, message=f"Resource not accessible {TOKEN}")
     with pytest.raises(GitHubError, match="issues: write") as err:
         tracked(fake, 3, recs)
