@@ -237,12 +237,19 @@ def validate(doc: Mapping[str, Any]) -> None:
 
 
 def deciding_cells(doc: Mapping[str, Any]) -> dict[str, list[str]]:
-    """``{key: [case ids]}``: each key's cells used for the decision, candidate and baseline."""
-    out: dict[str, list[str]] = {}
+    """``{key: [case ids]}`` for the trend charts: per key and class, the candidate and baseline case of
+    the cell used for the decision at the longest length (the one the threshold rule leans on most;
+    every length would draw dozens of lines)."""
+    longest: dict[tuple[str, str], Mapping[str, Any]] = {}
     for cell in doc.get("cells") or []:
         branch = doc["branches"].get(cell.get("branch") or "")
-        if branch and cell.get("used_for_decision"):
-            out.setdefault(branch["key"], []).extend([cell["id"], cell["baseline_id"]])
+        if branch and cell.get("used_for_decision") and isinstance(cell.get("T"), int):
+            slot = (branch["key"], str(cell.get("cls")))
+            if slot not in longest or cell["T"] > longest[slot]["T"]:
+                longest[slot] = cell
+    out: dict[str, list[str]] = {}
+    for (key, _), cell in sorted(longest.items()):
+        out.setdefault(key, []).extend([cell["id"], cell["baseline_id"]])
     return {k: sorted(set(v)) for k, v in out.items()}
 
 
