@@ -15,7 +15,8 @@ Runs after `ci decide` and before `ci report` / `ci pr`, on the same results fil
    model; a smoke run is not saved; a rerun of the same run id replaces its own record);
 4. opens, updates or closes the model's tracking issue (`ci.tracking`); without a token or on a
    dry run it writes issue_body.md and issue.json with the planned outcome instead;
-5. draws trend PNGs into <out-dir>/trends/ and writes <out-dir>/history.json (what was done).
+5. draws trend PNGs into <out-dir>/trends/ (a chart that fails is only a warning) and writes
+   <out-dir>/history.json (what was done).
 
 Outcomes are printed one per line and appended to $GITHUB_OUTPUT (history=, regression_issue=)
 once the decision was rewritten. Rerunning on the rewritten decision gives the same result: each
@@ -263,6 +264,7 @@ class Outcome:
     issue_detail: dict[str, Any] = dataclasses.field(default_factory=dict)
     trends: list[str] = dataclasses.field(default_factory=list)
     decision: str = ""
+    trends_error: str = ""
     error: str = ""
 
 
@@ -334,8 +336,6 @@ def main(args: argparse.Namespace, *, env: Mapping[str, str] | None = None, conn
 
 def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect | None, out: TextIO,
           err: TextIO) -> int:
-    from ci.github_call import GitHubError
-
     def log(line: str) -> None:
         print(line, file=err)
 
@@ -412,14 +412,7 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
             o.history = saved.outcome
             o.history_detail = {"path": saved.path, "pruned": saved.pruned, "commit": saved.commit}
 
-        # 5. Trends over this model's kept runs, this one included (matplotlib loads only here).
-        from ci import trends
-
-        runs = history.chronological([*own, record])[-keep:]
-        heads = trends.headlines(record.cases, deciding_cells(new_doc))
-        o.trends = [str(p) for p in trends.write_trends(runs, heads, out_dir / "trends")]
-
-        # 6. The tracking issue.
+        # 5. The tracking issue.
         from ci.tracking import plan_issue, track
 
         plan = plan_issue(record.machine.get("gpu_name") or record.gpu, record.id, rows, margin=margin, k=k,
@@ -444,8 +437,20 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
             result = track(gh, plan, api_url=target.api_url, repository=target.repository, token=target.token,
                            log=log)
             o.issue, o.issue_detail = result.outcome, {"url": result.url, "number": result.number}
-    except GitHubError as exc:
-        o.error = str(exc)
+
+        # 6. Trends over this model's kept runs, this one included (matplotlib loads only here). A chart
+        # that cannot be drawn is a warning: the decision, the history and the issue stand without it.
+        from ci import trends
+
+        runs = history.chronological([*own, record])[-keep:]
+        heads = trends.headlines(record.cases, deciding_cells(new_doc))
+        try:
+            o.trends = [str(p) for p in trends.write_trends(runs, heads, out_dir / "trends")]
+        except (OSError, ValueError, RuntimeError) as exc:
+            o.trends_error = f"{type(exc).__name__}: {exc}"
+            log(f"warning: trend charts not drawn ({o.trends_error}); the rest of `ci history` is done")
+    except BaseException as exc:
+        o.error = str(exc) or type(exc).__name__
         raise
     finally:
         _finish(o, args, out_dir, record, flagged, env, out)
@@ -462,7 +467,7 @@ def _finish(o: Outcome, args: argparse.Namespace, out_dir: Path, record: History
         "run": record.id, "gpu": record.gpu, "profile": record.profile, "store": o.store,
         "history": {"outcome": o.history, **o.history_detail},
         "regression_issue": {"outcome": o.issue, **o.issue_detail},
-        "regressions": flagged, "trends": o.trends, "decision": o.decision, "error": o.error or None})
+        "regressions": flagged, "trends": o.trends, "trends_error": o.trends_error or None, "decision": o.decision, "error": o.error or None})
     print(f"decision: {o.decision}", file=out)
     where = o.history_detail.get("path") or o.history_detail.get("reason", "")
     print(f"history={o.history} ({o.store}{': ' + where if where else ''})", file=out)

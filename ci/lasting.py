@@ -6,7 +6,8 @@ alone say (None when they cannot say). ``lasting`` lets a change through only wh
 
 - the same value was measured in each of the last K runs of this GPU model (this run included),
   counting only runs that have an entry for that (key, class) (a run of another suite says nothing
-  about the key; a smoke run's decide must leave its entries out, see ``ci.gates.covers_grid``), and
+  about the key: ``ci.history_cmd.record_entries`` records only entries whose cells reached the
+  key's longest decision length, so a smoke or partial run never breaks a streak), and
 - every other GPU model of the same profile that has history measured it in each of its latest K
   runs (fewer when it has fewer: a model with one run must agree in that run).
 

@@ -343,3 +343,19 @@ def test_help_names_exit_4_and_that_report_and_issue_still_happen(capsys: pytest
         ci_main(["history", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "4 a regression was flagged" in text and "report and the PR steps still run" in text
+
+
+def test_a_chart_that_cannot_be_drawn_is_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ci import trends
+
+    def broken(*_: Any) -> list[Path]:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trends, "write_trends", broken)
+    pipe = Pipeline(tmp_path, "none")
+    path = pipe.results(hx.nightly(hx.H100_TRITON, 0, gpu_name=H100, keep=LONG))
+    pipe.decide(path)
+    rc, _, err = pipe.history(path)
+    assert rc == 0 and "warning: trend charts not drawn (OSError: disk full)" in err
+    report = json.loads((pipe.out_dir / "history.json").read_text())
+    assert report["trends"] == [] and report["trends_error"] == "OSError: disk full" and report["error"] is None
