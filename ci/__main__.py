@@ -108,6 +108,7 @@ register(Subcommand(
     "Render the markdown report (also the threshold PR body), a short summary for "
     "$GITHUB_STEP_SUMMARY and one speedup-vs-length PNG per branch. Exit 0 ok, 2 bad input.",
     _report_args, _report_run))
+register(Subcommand("history", *__import__("ci.history_cmd", fromlist=["FIELDS"]).FIELDS))
 register(Subcommand("pr", pr_cmd.HELP, pr_cmd.DESCRIPTION, pr_cmd.add_arguments, pr_cmd.run))
 register(Subcommand("pipeline", pipeline.HELP, pipeline.__doc__ or "", pipeline.add_arguments,
                     lambda args: pipeline.run(args, stage=main)))

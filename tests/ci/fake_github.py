@@ -3,7 +3,8 @@
 Serves on 127.0.0.1 with an ephemeral port under a GitHub-Enterprise-style prefix
 (``http://127.0.0.1:PORT/api/v3``), so PyGithub talks to it through ``base_url`` exactly as it
 would to an Enterprise server. State: one repository with refs, blobs, trees (flat path -> blob),
-commits, pull requests, labels and comments. ``fail`` injects errors for matching requests.
+commits, pull requests, issues, labels and comments. ``fail`` injects errors for matching requests;
+``before`` runs a callback first (another writer moving a branch between our read and our write).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -57,6 +59,26 @@ class Pull:
     comments: list[str] = field(default_factory=list)
 
 
+@dataclass
+class Issue:
+    number: int
+    title: str
+    body: str
+    state: str = "open"
+    labels: list[str] = field(default_factory=list)
+    comments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Hook:
+    """Call ``fn(fake)`` before serving the next ``times`` requests matching ``method`` and the regex."""
+
+    method: str
+    pattern: str
+    fn: Callable[[FakeGitHub], None]
+    times: int = 1
+
+
 class FakeGitHub:
     """The fake's state and server; use as a context manager."""
 
@@ -76,6 +98,8 @@ class FakeGitHub:
         self.refs: dict[str, str] = {}
         self.pulls: dict[int, Pull] = {}
         self.labels: dict[str, dict[str, str]] = {}
+        self.issues: dict[int, Issue] = {}
+        self.hooks: list[Hook] = []
         self.failures: list[Failure] = []
         self.log: list[tuple[str, str, int]] = []
         self.lock = threading.RLock()
@@ -103,6 +127,24 @@ class FakeGitHub:
 
     def fail(self, method: str, pattern: str, status: int, **kwargs: Any) -> None:
         self.failures.append(Failure(method, pattern, status, **kwargs))
+
+    def before(self, method: str, pattern: str, fn: Callable[[FakeGitHub], None], times: int = 1) -> None:
+        self.hooks.append(Hook(method, pattern, fn, times))
+
+    def open_issues(self) -> list[Issue]:
+        return [i for i in self.issues.values() if i.state == "open"]
+
+    def is_ancestor(self, old: str, new: str) -> bool:
+        """Whether commit ``old`` is ``new`` or one of its ancestors (a fast-forward from old to new)."""
+        todo, seen = [new], set()
+        while todo:
+            sha = todo.pop()
+            if sha == old:
+                return True
+            if sha not in seen and sha in self.commits:
+                seen.add(sha)
+                todo.extend(self.commits[sha]["parents"])
+        return False
 
     def commit_files(
         self, branch: str, files: dict[str, bytes], message: str, parents: list[str] | None = None
@@ -198,6 +240,20 @@ class FakeGitHub:
     def label_json(self, name: str) -> dict[str, Any]:
         return {"name": name, **self.labels[name], "url": self.url(f"/labels/{name}")}
 
+    def issue_json(self, i: Issue) -> dict[str, Any]:
+        return {
+            "number": i.number,
+            "id": i.number,
+            "state": i.state,
+            "title": i.title,
+            "body": i.body,
+            "url": self.url(f"/issues/{i.number}"),
+            "html_url": f"{self.html_url}/issues/{i.number}",
+            "comments_url": self.url(f"/issues/{i.number}/comments"),
+            "comments": len(i.comments),
+            "labels": [self.label_json(n) for n in i.labels],
+        }
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -236,6 +292,10 @@ class _Handler(BaseHTTPRequestHandler):
                 # Echo the credential, as a careless proxy might: the client must scrub it.
                 fake.log.append((method, path, 401))
                 return self._send(401, {"message": f"Bad credentials ({auth})"})
+            for hook in [h for h in fake.hooks if h.times > 0 and h.method == method]:
+                if re.search(hook.pattern, path):
+                    hook.times -= 1
+                    hook.fn(fake)
             failure = next(
                 (
                     f
@@ -304,12 +364,30 @@ def _route(fake: FakeGitHub, method: str, path: str, query: dict[str, str], body
             del fake.refs[m[1]]
             return 204, None
         if method == "PATCH":
-            if not body.get("force"):
+            if not body.get("force") and not fake.is_ancestor(fake.refs[m[1]], body["sha"]):
                 return 422, {"message": "Update is not a fast forward"}
             fake.refs[m[1]] = body["sha"]
             return 200, fake.ref_json(m[1])
     if m := re.fullmatch(r"/git/commits/([0-9a-f]+)", rest):
         return (200, fake.commit_json(m[1])) if m[1] in fake.commits else _not_found()
+    if (m := re.fullmatch(r"/git/blobs/([0-9a-f]+)", rest)) and method == "GET":
+        if m[1] not in fake.blobs:
+            return _not_found()
+        content = fake.blobs[m[1]]
+        return 200, {"sha": m[1], "size": len(content), "encoding": "base64",
+                     "content": base64.b64encode(content).decode(), "url": fake.url(f"/git/blobs/{m[1]}")}
+    if (m := re.fullmatch(r"/git/trees/([0-9a-f]+)", rest)) and method == "GET":
+        if m[1] not in fake.trees:
+            return _not_found()
+        entries = fake.trees[m[1]]
+        # Trees are stored flat (path -> blob); without ?recursive=1 GitHub lists the top level only.
+        paths = sorted(entries) if query.get("recursive") else sorted(p for p in entries if "/" not in p)
+        return 200, {
+            "sha": m[1],
+            "url": fake.url(f"/git/trees/{m[1]}"),
+            "truncated": False,
+            "tree": [{"path": p, "mode": "100644", "type": "blob", "sha": entries[p]} for p in paths],
+        }
     if rest == "/git/blobs" and method == "POST":
         raw = base64.b64decode(body["content"]) if body["encoding"] == "base64" else body["content"].encode()
         sha = fake._blob(raw)
@@ -381,7 +459,7 @@ def _route(fake: FakeGitHub, method: str, path: str, query: dict[str, str], body
             return _invalid(f"A pull request already exists for {fake.owner}:{head}.")
         if f"heads/{head}" not in fake.refs or f"heads/{base}" not in fake.refs:
             return _invalid("head or base branch invalid")
-        number = max([0, *fake.pulls]) + 1
+        number = max([0, *fake.pulls, *fake.issues]) + 1
         fake.pulls[number] = Pull(number, head, base, body.get("title", ""), body.get("body", ""))
         return 201, fake.pull_json(fake.pulls[number])
     if (m := re.fullmatch(r"/pulls/(\d+)", rest)) and int(m[1]) in fake.pulls:
@@ -413,4 +491,39 @@ def _route(fake: FakeGitHub, method: str, path: str, query: dict[str, str], body
             return 422, {"message": "Validation Failed", "errors": [{"code": "already_exists"}]}
         fake.labels[body["name"]] = {"color": body["color"], "description": body.get("description", "")}
         return 201, fake.label_json(body["name"])
-    return _not_found()
+    return _issue_route(fake, method, rest, query, body)
+
+
+def _issue_route(fake: FakeGitHub, method: str, rest: str, query: dict[str, str], body: Any) -> tuple[int, Any]:
+    """Issues and their comments (pull requests' comments are served above)."""
+    if rest == "/issues" and method == "GET":
+        wanted = [n for n in query.get("labels", "").split(",") if n]
+        found = [
+            i
+            for i in fake.issues.values()
+            if query.get("state", "open") in (i.state, "all") and all(n in i.labels for n in wanted)
+        ]
+        return 200, [fake.issue_json(i) for i in sorted(found, key=lambda i: i.number)]
+    if rest == "/issues" and method == "POST":
+        number = max([0, *fake.pulls, *fake.issues]) + 1
+        for n in body.get("labels", []):
+            fake.labels.setdefault(n, {"color": "ededed", "description": ""})
+        fake.issues[number] = Issue(number, body["title"], body.get("body", ""), labels=list(body.get("labels", [])))
+        return 201, fake.issue_json(fake.issues[number])
+    m = re.fullmatch(r"/issues/(\d+)(/comments)?", rest)
+    if not m or int(m[1]) not in fake.issues:
+        return _not_found()
+    issue = fake.issues[int(m[1])]
+    if m[2] and method == "GET":
+        return 200, [
+            {"id": k + 1, "body": c, "url": fake.url(f"/issues/comments/{issue.number}{k}")}
+            for k, c in enumerate(issue.comments)
+        ]
+    if m[2] and method == "POST":
+        issue.comments.append(body["body"])
+        return 201, {"id": len(issue.comments), "body": body["body"], "url": fake.url(f"/issues/{issue.number}")}
+    if method == "PATCH":
+        for k in ("title", "body", "state"):
+            if k in body:
+                setattr(issue, k, body[k])
+    return 200, fake.issue_json(issue)

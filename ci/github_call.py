@@ -1,0 +1,42 @@
+"""One-line, token-free errors for the history branch and the tracking issue (PyGithub calls).
+
+``ci.github`` has its own session for the threshold PR; this is the same pattern (every request runs
+inside ``call(method, path)`` and any failure becomes a ``GitHubError`` from ``ci.github_errors``)
+with the 403 fix that fits each caller: the history branch needs ``contents: write``, the tracking
+issue ``issues: write``, and the generic advice would name the PR's permission instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import requests
+from github import GithubException
+
+from ci.github_errors import GitHubError, Secret, explain
+
+__all__ = ["Caller", "GitHubError"]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Runs PyGithub calls for ``repository`` with one-line errors; ``forbidden`` is the 403 fix."""
+
+    api_url: str
+    repository: str
+    token: Secret
+    forbidden: str
+
+    @contextmanager
+    def call(self, method: str, path: str) -> Iterator[None]:
+        """Run the block as ``method path`` (relative to the repository); failures raise GitHubError."""
+        try:
+            yield
+        except (GithubException, requests.exceptions.RequestException) as exc:
+            err = explain(exc, method, path, repository=self.repository, api_url=self.api_url, token=self.token)
+            if err.status == 403 and "rate limit" not in str(err):
+                where = f"{method} /repos/{self.repository}{path}"
+                err = GitHubError(self.token.scrub(f"GitHub answered 403 for {where}: {self.forbidden}"), 403)
+            raise err from None

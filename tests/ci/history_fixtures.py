@@ -1,0 +1,96 @@
+"""Recorded histories for the history, lasting, regress and trends tests, built from committed results.
+
+Each nightly of a history is a real results file with a new run id and date, and optionally some
+cases' samples scaled (``{case id: 1.2}`` makes that case 20% slower), so the statistics see real
+GPU noise rather than synthetic noise.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from bench import results
+from ci import history
+
+ROOT = Path(__file__).resolve().parents[2]
+H100_TRITON = "results/h100/triton-nightly.json"
+H200_FA2 = "results/h200/nightly-fa2.json"
+H200_PREFILL_DECODE = "results/h200/prefill-decode-nightly.json"
+H100_DECODE = "results/h100/decode-b8.json"
+H100_FAST = "results/h100/fast-full.json"
+START = datetime(2026, 12, 1, 3, 0, tzinfo=timezone.utc)
+
+
+@cache
+def _load(rel: str) -> dict[str, Any]:
+    return results.load(ROOT / rel)
+
+
+def real(rel: str) -> dict[str, Any]:
+    """A fresh deep copy of a committed results file (validated)."""
+    return copy.deepcopy(_load(rel))
+
+
+def nightly(rel: str, night: int, scale: Mapping[str, float] | None = None, *, gpu_name: str | None = None,
+            prefix: str = "n", keep: Sequence[str] = ()) -> dict[str, Any]:
+    """The results of night ``night`` (0, 1, ...): ``rel`` re-dated, with ``scale``'d cases' samples;
+    with ``keep``, only the cases whose id contains one of those strings (a smaller replay).
+
+    Unscaled nights reuse the same samples: history then holds identical runs, as a stable machine
+    gives, and any flag in a test comes from the scaling alone.
+    """
+    doc = real(rel)
+    when = START + timedelta(days=night)
+    doc["run"]["id"] = f"{when:%Y%m%dT%H%M%SZ}-{prefix}{night:03d}"
+    doc["run"]["created_at"] = f"{when:%Y-%m-%dT%H:%M:%SZ}"
+    if gpu_name is not None:
+        doc["machine"]["gpu_name"] = gpu_name
+    if keep:
+        doc["cases"] = [c for c in doc["cases"] if any(k in c["id"] for k in keep)]
+    for case in doc["cases"]:
+        factor = (scale or {}).get(case["id"])
+        if factor is not None and case["status"] == "ok":
+            case["timing"] = results.timing_summary([s * factor for s in case["timing"]["samples_ms"]])
+    return results.check(doc)
+
+
+def records(rel: str, nights: int, scaled: Mapping[int, Mapping[str, float]] | None = None,
+            **kwargs: Any) -> list[history.HistoryRun]:
+    """History records of ``nights`` nightlies of ``rel``; ``scaled[night]`` scales cases that night."""
+    return [history.build_record(nightly(rel, n, (scaled or {}).get(n), **kwargs)) for n in range(nights)]
+
+
+def flagged_history(rel: str, nights: int, scaled: Mapping[int, Mapping[str, float]] | None = None,
+                    **kwargs: Any) -> list[history.HistoryRun]:
+    """Like ``records``, each night's regressions computed against the nights before and stored,
+    as the decide job does before it saves a record."""
+    from ci import regress
+
+    out: list[history.HistoryRun] = []
+    for rec in records(rel, nights, scaled, **kwargs):
+        rows = regress.regressions(rec, out)
+        out.append(dataclasses.replace(rec, regressions=[r.id for r in regress.flagged(rows)]))
+    return out
+
+
+def entry(key: str, measured: int | None, current: int = -1, cls: str = "all") -> dict[str, Any]:
+    """One decision entry as the decide rewrite produces it (one per key and shape class)."""
+    proposed = current if measured is None else measured
+    return {"key": key, "class": cls, "current": current, "measured": measured, "proposed": proposed,
+            "changed": proposed != current, "reason": f"this run measured {measured}"}
+
+
+def decided(run_id: str, created_at: str, entries: Sequence[dict[str, Any]]) -> Any:
+    from ci.lasting import RunDecisions
+
+    return RunDecisions(run_id, created_at, list(entries))
+
+
+def day(night: int) -> str:
+    return f"{START + timedelta(days=night):%Y-%m-%dT%H:%M:%SZ}"

@@ -1,0 +1,361 @@
+"""`python -m ci history` on replayed nightlies: `ci decide`, then `ci history`, night after night.
+
+Each night is a committed results file with a new run id and date (``history_fixtures.nightly``),
+decided by the real `ci decide` and passed through the real `ci history` parser and command, with
+history in a folder (``--history-dir``) or on the ``nsa-history`` branch of the fake GitHub, and
+the tracking issue on the fake GitHub.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from github import GithubRetry
+
+from ci import history, history_cmd
+from ci.__main__ import build_parser
+from ci.__main__ import main as ci_main
+from ci.github import connect
+from tests.ci import history_fixtures as hx
+from tests.ci.fake_github import FakeGitHub
+
+TOKEN = "ghs_FAKE0123456789abcdefHISTORYCMD"
+H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+H100_SLUG, H200_SLUG = history.gpu_slug(H100), history.gpu_slug(H200)
+SEL = ("triton/selected/",)  # the selection kernel's 42 cases: sel g4 measures 256 on the H100 file
+LONG = ("-T8192-", "-T16384-")  # 18 long cases: the regression replay (the bootstrap is the slow part)
+SLOW = "triton/selected/triton/B1-T8192-Hq8-Hkv2-D64-l32-d16-ls64-n16-bf16"
+SMOKE = hx.ROOT / "results/h200x2/shard-smoke.json"
+
+
+@dataclass
+class Pipeline:
+    """`ci decide` then `ci history` in ``tmp`` for one nightly after another."""
+
+    tmp: Path
+    store: str  # "dir" or "branch"
+    fake: FakeGitHub | None = None
+    outputs: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def decision(self) -> Path:
+        return self.tmp / "out" / "decision.json"
+
+    @property
+    def out_dir(self) -> Path:
+        return self.tmp / "out" / "history"
+
+    def env(self) -> dict[str, str]:
+        env = {"GITHUB_OUTPUT": str(self.tmp / "github_output")}
+        if self.fake is not None:
+            env |= {"GITHUB_TOKEN": TOKEN, "GITHUB_REPOSITORY": "octo/nsa", "GITHUB_API_URL": self.fake.api_url}
+        return env
+
+    def results(self, doc: Mapping[str, Any]) -> Path:
+        path = self.tmp / "results" / f"{doc['run']['id']}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc), encoding="utf-8")
+        return path
+
+    def decide(self, results: Path) -> None:
+        assert ci_main(["decide", "--results", str(results), "--out", str(self.decision)]) in (0, 3)
+
+    def history(self, results: Path, *extra: str, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+        argv = ["history", "--results", str(results), "--decision", str(self.decision),
+                "--out-dir", str(self.out_dir), *extra]
+        if self.store == "dir":
+            argv += ["--history-dir", str(self.tmp / "store")]
+        args = build_parser().parse_args(argv)
+        assert args.run is history_cmd.main
+        out, err = io.StringIO(), io.StringIO()
+        (self.tmp / "github_output").unlink(missing_ok=True)
+        rc = history_cmd.main(args, env=self.env() if env is None else env, out=out, err=err, connector=lambda t: connect(
+            t, retry=GithubRetry(total=2, backoff_factor=0, max_rate_limit_wait=1), pace=False, timeout=5))
+        assert TOKEN not in out.getvalue() + err.getvalue()
+        gh_out = self.tmp / "github_output"
+        self.outputs.append(dict(line.split("=", 1) for line in gh_out.read_text().splitlines())
+                            if gh_out.exists() else {})
+        return rc, out.getvalue(), err.getvalue()
+
+    def night(self, doc: Mapping[str, Any], *extra: str) -> tuple[int, dict[str, Any]]:
+        path = self.results(doc)
+        self.decide(path)
+        rc, _, err = self.history(path, *extra)
+        assert rc in (0, 4), err
+        return rc, json.loads(self.decision.read_text())
+
+    def records(self, slug: str) -> list[str]:
+        if self.store == "dir":
+            folder = self.tmp / "store" / "history" / slug
+            return sorted(p.name for p in folder.glob("*.json")) if folder.is_dir() else []
+        assert self.fake is not None
+        files = self.fake.files_at(history.BRANCH) if f"heads/{history.BRANCH}" in self.fake.refs else {}
+        return sorted(p.rsplit("/", 1)[1] for p in files if p.startswith(f"history/{slug}/"))
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeGitHub]:
+    with FakeGitHub({"README.md": b"# nsa\n"}, token=TOKEN) as server:
+        yield server
+
+
+@pytest.fixture(params=["dir", "branch"])
+def pipe(request: pytest.FixtureRequest, tmp_path: Path, fake: FakeGitHub) -> Pipeline:
+    return Pipeline(tmp_path, request.param, fake)
+
+
+def changed(doc: Mapping[str, Any]) -> list[str]:
+    """Every place the decision still proposes a change: entries, branch summaries, their classes."""
+    out = [f"{e['key']}[{e['class']}]" for e in doc["decisions"] if e["changed"]]
+    for name, b in doc["branches"].items():
+        out += [name] if b["changed"] or b["proposed"] != b["current"] else []
+        out += [f"{name}[{c}]" for c, e in b["classes"].items() if e["changed"]]
+    return out
+
+
+def run_id(night: int) -> str:
+    return f"{hx.START + timedelta(days=night):%Y%m%dT%H%M%SZ}-n{night:03d}"
+
+
+def slower_short(doc_rel: str, factor: float, up_to: int) -> dict[str, float]:
+    """Scale the Triton side of every cell at T <= up_to (the H200 disagrees at short lengths)."""
+    return {c["id"]: factor for c in hx.real(doc_rel)["cases"]
+            if c["backend"] == "triton" and c["params"]["T"] <= up_to}
+
+
+# (a) ------------------------------------------------------------------------------------------------
+def test_models_that_disagree_never_change_a_threshold_until_k_runs_of_each_agree(pipe: Pipeline) -> None:
+    slow = slower_short(hx.H100_TRITON, 3.0, 4096)
+    for n in range(6):  # H100 on even nights, H200 (slower at short lengths) on odd ones
+        on_h200 = n % 2 == 1
+        doc = hx.nightly(hx.H100_TRITON, n, slow if on_h200 else None, gpu_name=H200 if on_h200 else H100, keep=SEL)
+        rc, decision = pipe.night(doc)
+        assert rc == 0 and changed(decision) == [], (n, changed(decision))
+        entry = next(e for e in decision["decisions"] if (e["key"], e["class"]) == ("triton_min_len_sel", "g4"))
+        assert entry["lasting"]["raw"] is not None or on_h200  # the H100's own run proposed 256
+        assert decision["history"]["store"] == ("dir:" + str(pipe.tmp / "store") if pipe.store == "dir"
+                                                else "branch:nsa-history")
+    assert "run " in entry["reason"] and " measured " in entry["reason"]  # which run disagreed
+    assert pipe.outputs[-1] == {"history": "added", "regression_issue": "none"}
+
+    for n in range(6, 9):  # then the H200 agrees with the H100's last three runs
+        rc, decision = pipe.night(hx.nightly(hx.H100_TRITON, n, gpu_name=H200, keep=SEL))
+        assert rc == 0
+    assert changed(decision) == ["triton_min_len_sel[g4]", "triton_sel", "triton_sel[g4]"]
+    branch = decision["branches"]["triton_sel"]
+    assert branch["proposed"] == {"g1": -1, "g2": -1, "g4": 256, "g8": -1, "g16": -1}
+    assert "held in the last 3 runs on nvidia-h200 and on nvidia-h100-80gb-hbm3" in branch["reason"]
+    ev = next(e for e in decision["history"]["evidence"] if e["held"])
+    assert {(x["model"], x["measured"]) for x in ev["evidence"]} == {(H200_SLUG, 256), (H100_SLUG, 256)}
+    assert decision["history"]["runs_used"] == {H200_SLUG: [run_id(n) for n in (6, 7, 8)],
+                                                H100_SLUG: [run_id(n) for n in (0, 2, 4)]}
+    assert len(pipe.records(H100_SLUG)) == 3 and len(pipe.records(H200_SLUG)) == 6
+    assert sorted(p.name for p in (pipe.out_dir / "trends").iterdir()) == ["trend_key_triton_min_len_sel.png"]
+
+
+# (b) ------------------------------------------------------------------------------------------------
+def test_a_slow_case_opens_updates_and_closes_the_issue(pipe: Pipeline) -> None:
+    assert pipe.fake is not None
+    outcomes, codes = [], []
+    for n in range(7):
+        scale = {SLOW: 1.2} if n in (3, 4) else None
+        rc, decision = pipe.night(hx.nightly(hx.H100_TRITON, n, scale, gpu_name=H100, keep=LONG))
+        codes.append(rc)
+        outcomes.append(pipe.outputs[-1]["regression_issue"])
+        assert decision["regressions"]["flagged"] == ([SLOW] if n in (3, 4) else [])
+        if n == 3:
+            (issue,) = pipe.fake.open_issues()
+            assert SLOW in issue.body and decision["regressions"]["rows"][0]["id"] == SLOW
+    assert codes == [0, 0, 0, 4, 4, 0, 0]
+    assert outcomes == ["skipped", "none", "none", "created", "updated", "closed", "none"]
+    assert pipe.fake.open_issues() == [] and len(pipe.fake.issues) == 1
+    report = json.loads((pipe.out_dir / "history.json").read_text())
+    assert report["regression_issue"] == {"outcome": "none", "url": "", "number": None}
+
+
+def test_exit_4_comes_after_everything_was_written(tmp_path: Path, fake: FakeGitHub) -> None:
+    pipe = Pipeline(tmp_path, "dir", fake)
+    for n in range(3):
+        pipe.night(hx.nightly(hx.H100_TRITON, n, gpu_name=H100, keep=LONG))
+    rc, decision = pipe.night(hx.nightly(hx.H100_TRITON, 3, {SLOW: 1.2}, gpu_name=H100, keep=LONG))
+    assert rc == 4 and decision["regressions"]["margin"] == 0.1
+    report = json.loads((pipe.out_dir / "history.json").read_text())
+    assert report["history"]["outcome"] == "added" and report["regression_issue"]["outcome"] == "created"
+    assert report["regressions"] == [SLOW]
+    saved = history.loads((tmp_path / "store" / report["history"]["path"]).read_text())
+    assert saved.regressions == [SLOW]  # kept out of the next nights' baselines
+    assert pipe.outputs[-1] == {"history": "added", "regression_issue": "created"}
+
+
+# (c) ------------------------------------------------------------------------------------------------
+def test_a_smoke_run_never_proposes_and_is_not_saved(tmp_path: Path, fake: FakeGitHub) -> None:
+    pipe = Pipeline(tmp_path, "dir", fake)
+    pipe.decide(SMOKE)
+    rc, out, err = pipe.history(SMOKE)
+    assert rc == 0, err
+    decision = json.loads(pipe.decision.read_text())
+    assert changed(decision) == [] and decision["regressions"]["flagged"] == []
+    assert all(e["lasting"]["raw"] is None for e in decision["decisions"])  # decide proposed nothing either
+    assert "history=not saved" in out and pipe.records(history.gpu_slug("NVIDIA H200")) == []
+    assert pipe.outputs[-1] == {"history": "not saved", "regression_issue": "skipped"}
+    assert fake.writes() == []
+
+
+# (d) ------------------------------------------------------------------------------------------------
+def test_a_rerun_of_the_same_run_adds_nothing(pipe: Pipeline) -> None:
+    assert pipe.fake is not None
+    docs = [hx.nightly(hx.H100_TRITON, n, gpu_name=H100, keep=SEL) for n in range(2)]
+    for doc in docs:
+        pipe.night(doc)
+    first = pipe.decision.read_bytes()
+    writes = len(pipe.fake.writes())
+    rc, _, err = pipe.history(pipe.results(docs[1]))  # the step rerun on the decision it rewrote
+    assert rc == 0, err
+    assert pipe.decision.read_bytes() == first
+    _, again = pipe.night(docs[1])  # the whole job rerun: decide, then history
+    assert json.dumps(again).encode() and pipe.decision.read_bytes() == first
+    assert pipe.outputs[-1]["history"] == "unchanged"
+    assert len(pipe.records(H100_SLUG)) == 2
+    assert pipe.fake.writes()[writes:] == []  # no commit, no comment
+    assert "only 2 of 3 runs so far" in again["branches"]["triton_sel"]["reason"]
+
+
+# (e) ------------------------------------------------------------------------------------------------
+def _bad(tmp: Path, pipe: Pipeline, results: Path, name: str) -> tuple[list[str], dict[str, str] | None]:
+    other = pipe.results(hx.nightly(hx.H100_TRITON, 9, gpu_name=H100, keep=LONG))
+    broken = tmp / "broken.json"
+    if name == "decision is not JSON":
+        pipe.decision.write_text("{", encoding="utf-8")
+    elif name == "decision of another schema":
+        pipe.decision.write_text(json.dumps({"schema": "nsa-decision/1"}), encoding="utf-8")
+    elif name == "bad config":
+        broken.write_text("decide:\n  history_runs: 0\n", encoding="utf-8")
+        return ["--config", str(broken)], None
+    elif name == "decision of another run":
+        return ["--results", str(other)], None
+    elif name == "results missing":
+        return ["--results", str(tmp / "missing.json")], None
+    elif name == "two GPU models":
+        h200 = pipe.results(hx.nightly(hx.H100_TRITON, 8, gpu_name=H200, keep=("-T4096-",)))
+        return ["--results", str(results), str(h200)], None
+    elif name == "dry-run variable":
+        return [], {"NSA_PR_DRY_RUN": "maybe"}
+    return [], None
+
+
+BAD = {
+    "decision is not JSON": "must be JSON",
+    "decision of another schema": "must have schema 'nsa-decision/2'",
+    "bad config": "decide.history_runs must be an int >= 1",
+    "decision of another run": "must decide run",
+    "results missing": "missing.json",
+    "two GPU models": "must come from one GPU model",
+    "dry-run variable": "NSA_PR_DRY_RUN must be true or false",
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_input_exits_2_and_changes_nothing(tmp_path: Path, fake: FakeGitHub, name: str) -> None:
+    pipe = Pipeline(tmp_path, "dir", fake)
+    results = pipe.results(hx.nightly(hx.H100_TRITON, 0, gpu_name=H100, keep=LONG))
+    pipe.decide(results)
+    extra, env = _bad(tmp_path, pipe, results, name)
+    before = pipe.decision.read_bytes()
+    argv: Sequence[str] = extra if "--results" in extra else ["--results", str(results), *extra]
+    args = build_parser().parse_args(["history", *argv, "--decision", str(pipe.decision), "--out-dir",
+                                      str(pipe.out_dir), "--history-dir", str(tmp_path / "store")])
+    err = io.StringIO()
+    rc = history_cmd.main(args, env={**pipe.env(), **(env or {})}, out=io.StringIO(), err=err)
+    assert rc == 2
+    message = err.getvalue()
+    assert message.startswith("error: ") and message.count("\n") == 1 and BAD[name] in message, message
+    assert pipe.decision.read_bytes() == before
+    assert not pipe.out_dir.exists() and not (tmp_path / "store").exists()
+    assert not (tmp_path / "github_output").exists() and fake.writes() == []
+
+
+# GitHub failures, dry runs, the first run -------------------------------------------------------------
+def test_a_refused_issue_exits_1_with_one_line_and_the_rerun_repairs(tmp_path: Path, fake: FakeGitHub) -> None:
+    pipe = Pipeline(tmp_path, "branch", fake)
+    for n in range(3):
+        pipe.night(hx.nightly(hx.H100_TRITON, n, gpu_name=H100, keep=LONG))
+    path = pipe.results(hx.nightly(hx.H100_TRITON, 3, {SLOW: 1.2}, gpu_name=H100, keep=LONG))
+    pipe.decide(path)
+    fake.fail("GET", r"/issues$", 403, message=f"Resource not accessible by integration {TOKEN}")
+    rc, _, err = pipe.history(path)
+    assert rc == 1 and err.strip().splitlines()[-1].startswith("error: GitHub answered 403")
+    assert "issues: write" in err
+    assert pipe.outputs[-1] == {"history": "added", "regression_issue": "failed"}
+    assert json.loads((pipe.out_dir / "history.json").read_text())["error"].startswith("GitHub answered 403")
+    rc, _, err = pipe.history(path)  # the rerun: history already there, the issue opens now
+    assert rc == 4, err
+    assert pipe.outputs[-1] == {"history": "unchanged", "regression_issue": "created"}
+    assert len(pipe.records(H100_SLUG)) == 4
+
+
+def test_an_unreachable_branch_exits_1_and_leaves_the_decision(tmp_path: Path, fake: FakeGitHub) -> None:
+    pipe = Pipeline(tmp_path, "branch", fake)
+    path = pipe.results(hx.nightly(hx.H100_TRITON, 0, gpu_name=H100, keep=LONG))
+    pipe.decide(path)
+    before = pipe.decision.read_bytes()
+    fake.fail("GET", r"/git/ref/heads/nsa-history$", 500, times=5)
+    rc, _, err = pipe.history(path)
+    assert rc == 1 and err.startswith("error: GitHub kept failing for GET") and err.count("\n") == 1
+    assert pipe.decision.read_bytes() == before and pipe.outputs[-1] == {}
+
+
+def test_a_first_run_without_any_store_keeps_current_values(tmp_path: Path) -> None:
+    pipe = Pipeline(tmp_path, "none")
+    rc, decision = pipe.night(hx.nightly(hx.H100_TRITON, 0, gpu_name=H100, keep=SEL), "--dry-run")
+    assert rc == 0 and changed(decision) == []
+    g4 = decision["branches"]["triton_sel"]["classes"]["g4"]
+    assert "this run measured 256, but only 1 of 3 runs so far" in g4["reason"]
+    assert g4["lasting"]["raw"]["proposed"] == 256 and decision["history"]["store"] == "none"
+    assert decision["regressions"] == {"margin": 0.1, "k": 3, "rows": [], "flagged": []}
+    issue = json.loads((pipe.out_dir / "issue.json").read_text())
+    assert issue["outcome"] == "dry-run" and issue["planned"] == "skipped"
+    assert (pipe.out_dir / "issue_body.md").read_text().startswith("<!-- nsa-regression:")
+    assert pipe.outputs[-1] == {"history": "not saved", "regression_issue": "dry-run"}
+
+
+def test_a_dry_run_with_a_history_dir_reads_it_and_plans_the_issue(tmp_path: Path, fake: FakeGitHub) -> None:
+    pipe = Pipeline(tmp_path, "dir", fake)
+    for n in range(3):
+        pipe.night(hx.nightly(hx.H100_TRITON, n, gpu_name=H100, keep=LONG))
+    writes = len(fake.writes())
+    rc, decision = pipe.night(hx.nightly(hx.H100_TRITON, 3, {SLOW: 1.2}, gpu_name=H100, keep=LONG), "--dry-run")
+    assert rc == 4 and decision["regressions"]["flagged"] == [SLOW]
+    issue = json.loads((pipe.out_dir / "issue.json").read_text())
+    assert issue["planned"] == "created or updated" and issue["regressions"] == 1
+    assert SLOW in (pipe.out_dir / "issue_body.md").read_text()
+    assert len(pipe.records(H100_SLUG)) == 3 and fake.writes()[writes:] == []
+
+
+def test_help_names_exit_4_and_that_report_and_issue_still_happen(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        ci_main(["history", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "4 a regression was flagged" in text and "report and the PR steps still run" in text
+
+
+def test_a_chart_that_cannot_be_drawn_is_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ci import trends
+
+    def broken(*_: Any) -> list[Path]:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trends, "write_trends", broken)
+    pipe = Pipeline(tmp_path, "none")
+    path = pipe.results(hx.nightly(hx.H100_TRITON, 0, gpu_name=H100, keep=LONG))
+    pipe.decide(path)
+    rc, _, err = pipe.history(path)
+    assert rc == 0 and "warning: trend charts not drawn (OSError: disk full)" in err
+    report = json.loads((pipe.out_dir / "history.json").read_text())
+    assert report["trends"] == [] and report["trends_error"] == "OSError: disk full" and report["error"] is None

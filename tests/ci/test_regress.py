@@ -1,0 +1,151 @@
+"""Regression alerts on replayed histories, and the tracking issue on the fake GitHub."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from github import GithubRetry
+
+from ci import regress
+from ci.github import Secret, Target, connect
+from ci.github_errors import GitHubError
+from ci.tracking import LABEL, TITLE_PREFIX, TrackResult, plan_issue, track
+from tests.ci import history_fixtures as hx
+from tests.ci.fake_github import FakeGitHub
+
+TOKEN = "ghs_FAKE0123456789abcdefTRACKING"
+SLOW = "triton/selected/triton/B1-T8192-Hq8-Hkv2-D64-l32-d16-ls64-n16-bf16"
+GPU = "NVIDIA H100 80GB HBM3"
+NSA = ("decode/nsa_decode/triton/B8-T65536-Hq64-Hkv4-D128-w512-l32-d16-ls64-n16-branchescmp-dim2560-"
+       "graphTrue-nsa_backendtriton-bf16")
+# The issue tests replay the triton nightly's cases at T >= 8192 only (18 of 84): the bootstrap per
+# case and night is the slow part, and longer kernels are the ones whose regressions matter.
+LONG = ("-T8192-", "-T16384-")
+DENSE = "decode/dense/sdpa_flash/B8-T65536-Hq64-Hkv4-D128-w512-l32-d16-ls64-n16-dim2560-graphTrue-nsa_backendtriton-bf16"
+
+
+def test_one_case_20_percent_slower_is_the_only_regression() -> None:
+    recs = hx.records(hx.H100_TRITON, 4, {3: {SLOW: 1.2}})
+    rows = regress.regressions(recs[3], recs[:3], k=3, margin=0.1)
+    assert len(rows) == len(recs[3].cases)
+    (bad,) = regress.flagged(rows)
+    assert bad.id == SLOW and rows[0] is bad  # worst first
+    assert bad.ratio == pytest.approx(1.2, rel=2e-3) and bad.low > 1.1
+    assert bad.baseline_runs == [r.id for r in recs[:3]] and bad.method == "samples"
+    assert all(r.flag == "" for r in rows[1:])
+    # A rerun of the same run (already in history) never compares with itself.
+    assert regress.flagged(regress.regressions(recs[3], recs, k=3)) == [bad]
+
+
+def test_a_persisting_regression_stays_flagged_until_accepted() -> None:
+    recs = hx.flagged_history(hx.H100_TRITON, 6, {n: {SLOW: 1.2} for n in range(3, 6)}, keep=LONG)
+    assert [r.regressions for r in recs][3:] == [[SLOW]] * 3
+    rows = regress.regressions(recs[5], recs[:5], accepted={SLOW})  # baseline: nights 2, 3, 4
+    assert regress.flagged(rows) == []
+
+
+def test_a_slowdown_inside_the_margin_is_not_flagged() -> None:
+    recs = hx.records(hx.H100_TRITON, 4, {3: {SLOW: 1.05}})
+    assert regress.flagged(regress.regressions(recs[3], recs[:3], margin=0.1)) == []
+
+
+def test_machine_drift_cancels_against_the_dense_case_of_the_same_run() -> None:
+    drift = {NSA: 1.3, DENSE: 1.3}
+    recs = hx.records(hx.H100_DECODE, 4, {3: drift})
+    rows = {r.id: r for r in regress.regressions(recs[3], recs[:3])}
+    assert rows[NSA].dense_id == DENSE and rows[NSA].flag == "" and rows[NSA].ratio == pytest.approx(1.0, abs=2e-3)
+    assert rows[DENSE].flag == "drift"  # shown, but not our regression
+    assert regress.flagged(list(rows.values())) == []
+    recs = hx.records(hx.H100_DECODE, 4, {3: {NSA: 1.3}})
+    (bad,) = regress.flagged(regress.regressions(recs[3], recs[:3]))
+    assert bad.id == NSA and bad.ratio == pytest.approx(1.3, rel=5e-3)
+
+
+def test_ratio_of_ratios_matches_plain_ratio_when_dense_is_constant() -> None:
+    now, base, dense = [2.0, 2.1, 1.9, 2.05, 1.95], [1.0, 1.05, 0.95, 1.02, 0.98], [1.0] * 5
+    from ci import stats
+
+    assert regress.ratio_of_ratios(now, dense, base, dense) == stats.ratio_of_medians(now, base)
+    with pytest.raises(ValueError, match="now must be non-empty positive times"):
+        regress.ratio_of_ratios([], dense, base, dense)
+
+
+def test_new_cases_and_other_models_are_handled() -> None:
+    recs = hx.records(hx.H100_TRITON, 2)
+    assert regress.regressions(recs[0], []) == []
+    h200 = hx.records(hx.H200_FA2, 1)
+    with pytest.raises(ValueError, match="past must hold runs of nvidia-h100-80gb-hbm3 only"):
+        regress.regressions(recs[1], h200)
+
+
+# -- tracking issue ------------------------------------------------------------------------------------
+@pytest.fixture
+def fake() -> Iterator[FakeGitHub]:
+    with FakeGitHub({"README.md": b"# nsa\n"}, token=TOKEN) as server:
+        yield server
+
+
+def tracked(fake: FakeGitHub, night: int, recs: list, log: list[str] | None = None) -> TrackResult:
+    rows = regress.regressions(recs[night], recs[:night], k=3, margin=0.1)
+    plan = plan_issue(GPU, recs[night].id, rows, margin=0.1, k=3)
+    target = Target(fake.api_url, "octo/nsa", Secret(TOKEN))
+    gh = connect(target, retry=GithubRetry(total=2, backoff_factor=0, max_rate_limit_wait=1), pace=False, timeout=5)
+    sink = log if log is not None else []
+    result = track(gh, plan, api_url=target.api_url, repository=target.repository, token=target.token,
+                   log=sink.append)
+    assert TOKEN not in "".join(sink)
+    return result
+
+
+def test_a_slow_run_opens_the_issue_and_a_recovered_run_closes_it(fake: FakeGitHub) -> None:
+    # Nights 0-2 normal, 3 and 4 with SLOW 20% slower, 5 recovered. Night 4 is still flagged: night 3
+    # was flagged, so it stays out of SLOW's baseline rather than making the slowdown the new normal.
+    recs = hx.flagged_history(hx.H100_TRITON, 6, {3: {SLOW: 1.2}, 4: {SLOW: 1.2}}, keep=LONG)
+    assert [r.regressions for r in recs] == [[], [], [], [SLOW], [SLOW], []]
+    assert [tracked(fake, n, recs).outcome for n in range(3)] == ["none"] * 3
+    assert fake.issues == {}
+
+    opened = tracked(fake, 3, recs)
+    (issue,) = fake.open_issues()
+    assert opened == TrackResult("created", f"{fake.html_url}/issues/{issue.number}", issue.number)
+    assert issue.title == TITLE_PREFIX + GPU and issue.labels == [LABEL]
+    assert SLOW in issue.body and "1.20x" in issue.body and recs[3].id in issue.body
+    assert issue.comments == []
+
+    assert tracked(fake, 3, recs).outcome == "updated"  # a rerun of the same run adds nothing
+    assert issue.comments == [] and len(fake.issues) == 1
+
+    assert tracked(fake, 4, recs).outcome == "updated"
+    assert len(issue.comments) == 1 and recs[4].id in issue.comments[0] and recs[4].id in issue.body
+    assert tracked(fake, 4, recs).outcome == "updated" and len(issue.comments) == 1
+
+    assert tracked(fake, 5, recs).outcome == "closed"
+    assert issue.state == "closed" and "closing" in issue.comments[-1] and len(issue.comments) == 2
+    assert tracked(fake, 5, recs).outcome == "none"
+    assert len(fake.issues) == 1
+
+
+def test_a_create_carried_out_before_a_server_error_is_not_duplicated(fake: FakeGitHub) -> None:
+    recs = hx.records(hx.H100_TRITON, 4, {3: {SLOW: 1.2}}, keep=LONG)
+    # GitHub opens the issue, answers 500, and PyGithub's retry opens a second one.
+    fake.fail("POST", r"/issues$", 500, after=True, times=1)
+    log: list[str] = []
+    assert tracked(fake, 3, recs, log).outcome == "created"
+    assert len(fake.open_issues()) == 1 and len(fake.issues) == 2
+    dup = max(fake.issues.values(), key=lambda i: i.number)
+    assert dup.state == "closed" and "Duplicate of" in dup.comments[-1]
+
+
+def test_errors_are_one_line_with_the_permission_and_no_token(fake: FakeGitHub) -> None:
+    recs = hx.records(hx.H100_TRITON, 4, {3: {SLOW: 1.2}}, keep=LONG)
+    fake.fail("GET", r"/issues$", 403, message=f"Resource not accessible {TOKEN}")
+    with pytest.raises(GitHubError, match="issues: write") as err:
+        tracked(fake, 3, recs)
+    assert TOKEN not in str(err.value) and "\n" not in str(err.value)
+    fake.failures.clear()
+    fake.fail("POST", r"/issues$", 500, times=5)  # never carried out: the rerun must open it
+    with pytest.raises(GitHubError):
+        tracked(fake, 3, recs)
+    fake.failures.clear()
+    assert tracked(fake, 3, recs).outcome == "created" and len(fake.issues) == 1
