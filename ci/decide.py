@@ -195,6 +195,9 @@ def _mark_use(cell: Cell, cfg: DecideConfig) -> None:
         cell.note = f"{cell.candidate_backend} is not {branch.family.label}; reported only"
     elif off := cfg.off_grid(cell.op, cell.params):
         cell.note = off
+    elif cell.params.get("part") != branch.decl.part:
+        cell.note = (f"part {cell.params.get('part') or 'attention only'} is reported only; "
+                     f"{branch.key} is decided on part {branch.decl.part or 'attention only'}")
     elif cell.verdict == "skipped":
         cell.note = "skipped cells decide nothing"
     elif cell.cls is None:

@@ -39,7 +39,9 @@ class DecisionKey:
     `candidates`: the backend names a results file records for this candidate (an alias such as
     `fa2` resolves to `flash_attn` or `torch_fa2`). `suite`: the bench suite whose cells decide it,
     candidate against masked SDPA. `name` is also the decision entry's key and the YAML key;
-    `decision_id` the short name reports and older decision files use.
+    `decision_id` the short name reports and older decision files use. `part`: which cells of
+    the op decide, when a suite times more than one (`branch`: the whole branch as dispatch runs
+    it, e.g. selection = scores + top-n + attention, not the attention alone).
     """
 
     name: str
@@ -50,6 +52,7 @@ class DecisionKey:
     suite: str
     decision_id: str
     nightly_lengths: tuple[int, ...]
+    part: str | None = None  # the deciding cells' `part` param (None: cells without one)
 
     @property
     def op(self) -> str:
@@ -85,7 +88,10 @@ KEYS: tuple[DecisionKey, ...] = (
     DecisionKey("triton_min_len_win", "win", "triton", "triton", ("triton",), "triton", "triton_win", NIGHTLY_T),
     DecisionKey("triton_min_len_cmp", "cmp", "triton", "triton", ("triton",), "triton", "triton_cmp", NIGHTLY_T),
     DecisionKey("fa2_min_len_cmp", "cmp", "fa2", "fa2", FA2_RECORDED, "fa2", "cmp", NIGHTLY_T),
-    DecisionKey("triton_min_len_sel", "sel", "triton", "triton", ("triton",), "triton", "triton_sel", NIGHTLY_T),
+    # With Triton, the selection branch's scores and top-n run on Triton too (one fused pass that
+    # also yields the compressed output), so the whole branch is what this key is measured on.
+    DecisionKey("triton_min_len_sel", "sel", "triton", "triton", ("triton",), "triton", "triton_sel", NIGHTLY_T,
+                part="branch"),
 )
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(k.family for k in KEYS))
 
@@ -149,4 +155,4 @@ def describe(keys: Iterable[DecisionKey] = KEYS) -> list[dict]:
     """Plain dicts of the keys (for results files, decision files and docs)."""
     return [{"name": k.name, "branch": k.branch, "op": k.op, "family": k.family, "label": k.label,
              "backend": k.backend, "candidates": list(k.candidates), "suite": k.suite,
-             "decision_id": k.decision_id} for k in keys]
+             "decision_id": k.decision_id, "part": k.part} for k in keys]

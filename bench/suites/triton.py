@@ -66,8 +66,19 @@ def _grid(smoke: dict, paper: dict) -> dict[str, tuple]:
     }
 
 
+# `triton_min_len_sel` is decided on the whole selection branch as dispatch runs it (nsa/keys.py):
+# torch scores + top-n + masked SDPA against the fused Triton scores + Triton top-n + the selection
+# kernel. The attention-only cells (blocks given) are reported in the full sweep.
+BRANCH = {"part": "branch"}
+
+
+def _branch_grid(smoke: dict, paper: dict) -> dict[str, tuple]:
+    grid = _grid({**smoke, **BRANCH}, {**paper, **BRANCH})
+    return {**grid, "full": grid["full"] + _grid(smoke, paper)["nightly"]}
+
+
 SPECS = (
-    CaseSpec("selected", VARIANTS, _grid(SEL_SMOKE, SEL_PAPER)),
+    CaseSpec("selected", VARIANTS, _branch_grid(SEL_SMOKE, SEL_PAPER)),
     CaseSpec("compressed", VARIANTS, _grid(CMP_SMOKE, CMP_PAPER)),
     CaseSpec("sliding", VARIANTS, _grid({"window": 32}, WIN_PAPER)),
 )
@@ -77,9 +88,41 @@ def build(cell: Cell, device) -> Workload:
     from bench.suites import branch
 
     work = branch.build(cell, device, basis="sdpa")
+    if cell.params.get("part") == "branch":
+        _whole_branch(cell, work, device)
     for v in cell.variants:
         if work.backends.get(v.key) == "triton" and v.key in work.fns and device.type == "cpu" \
                 and cell.params["dtype"] == "bf16":
             del work.fns[v.key]
             work.reasons[v.key] = CPU_BF16
     return work
+
+
+def _whole_branch(cell: Cell, work: Workload, device) -> None:
+    """Replace the selected cell's variants by the whole selection branch on the same inputs: block
+    scores, top-n and attention. Parity is on the output against the reference over the blocks
+    torch's scores pick; the two score paths agree to fp32 rounding (tests/nsa/test_triton.py), so
+    a differing block would need a near tie and then shows as a parity failure, never silently."""
+    from bench import parity
+    from nsa import ops
+
+    p = cell.params
+    q, k, v = parity.qkv(p, device)
+    kc, vc = ops.compress_kv(k, v, block=p["block"], stride=p["stride"])
+    knobs = {"block": p["block"], "stride": p["stride"], "sel_block": p["sel_block"]}
+
+    def torch_branch():
+        idx = ops.select_blocks(q, kc, sel_count=p["sel_count"], **knobs)
+        return ops.selected_attention(q, k, v, idx, sel_block=p["sel_block"], backend="sdpa")
+
+    def triton_branch():
+        from nsa.backends import triton_nsa
+
+        scale = q.shape[-1] ** -0.5
+        _, scores = triton_nsa.compressed_and_scores(q, kc, vc, scale=scale, **knobs)
+        idx = triton_nsa.topn(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])
+        return ops.selected_attention(q, k, v, idx, sel_block=p["sel_block"], backend="triton")
+
+    for v_ in cell.variants:
+        if v_.key in work.fns:
+            work.fns[v_.key] = torch_branch if work.backends[v_.key] == "sdpa" else triton_branch

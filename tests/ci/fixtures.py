@@ -56,9 +56,13 @@ def compressed_params(T: int, block: int = 32, stride: int = 16, B: int = 1, Hq:
 
 
 def selected_params(T: int, block: int = 32, stride: int = 16, sel_block: int = 64, sel_count: int = 16,
-                    B: int = 1, Hq: int = 8, Hkv: int = 2, D: int = 64, dtype: str = "bf16") -> dict[str, Any]:
+                    B: int = 1, Hq: int = 8, Hkv: int = 2, D: int = 64, dtype: str = "bf16",
+                    part: str | None = "branch") -> dict[str, Any]:
+    """A selection cell; `part="branch"` (scores + top-n + attention) is what triton_min_len_sel is
+    decided on, `part=None` the attention alone (reported only)."""
+    extra = {"part": part} if part else {}
     return {**compressed_params(T, block, stride, B, Hq, Hkv, D, dtype), "sel_block": sel_block,
-            "sel_count": sel_count}
+            "sel_count": sel_count, **extra}
 
 
 def case(suite: str, op: str, backend: str, params: Mapping[str, Any], median_ms: float | None = 1.0,
@@ -101,7 +105,7 @@ def sweep(op: str, speedups: Mapping[int, float | str], cover: bool = True, **kw
         speedups = {**speedups, GRID_END: speedups[max(speedups)]}
     make = {"sliding": sliding_params, "compressed": compressed_params, "selected": selected_params}[op]
     grid = {k: kw.pop(k) for k in ("window", "block", "stride", "sel_block", "sel_count", "B", "Hq", "Hkv", "D",
-                                   "dtype") if k in kw}
+                                   "dtype", "part") if k in kw}
     cases: list[dict[str, Any]] = []
     for T, s in speedups.items():
         if s == "noisy":
