@@ -100,9 +100,14 @@ def build(cell: Cell, device) -> Workload:
 
 def _whole_branch(cell: Cell, work: Workload, device) -> None:
     """Replace the selected cell's variants by the whole selection branch on the same inputs: block
-    scores, top-n and attention. Parity is on the output against the reference over the blocks
-    torch's scores pick; the two score paths agree to fp32 rounding (tests/nsa/test_triton.py), so
-    a differing block would need a near tie and then shows as a parity failure, never silently."""
+    scores, top-n and attention.
+
+    No output parity here: the two score paths agree to fp32 rounding (tests/nsa/test_triton.py
+    holds both to the fp64 oracle, on CPU and on the GPU), but over 10^5 rows a few near ties fall
+    the other way, and one other block in one row moves that row's output far beyond a bf16
+    tolerance (seen on the H100 at 8k-16k). What each side computes is checked instead: the
+    attention-only cells (full sweep) parity-check the kernel, and `blocks_agree` records the share
+    of (row, group) block sets the two paths pick alike."""
     from bench import parity
     from nsa import ops
 
@@ -123,6 +128,20 @@ def _whole_branch(cell: Cell, work: Workload, device) -> None:
         idx = triton_nsa.topn(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])
         return ops.selected_attention(q, k, v, idx, sel_block=p["sel_block"], backend="triton")
 
+    work.reference = work.tol_basis = None
     for v_ in cell.variants:
         if v_.key in work.fns:
             work.fns[v_.key] = torch_branch if work.backends[v_.key] == "sdpa" else triton_branch
+        if work.backends.get(v_.key) == "triton" and v_.key in work.fns:
+            work.extra[v_.key] = {"blocks_agree": _agreement(q, kc, vc, p, knobs)}
+
+
+def _agreement(q, kc, vc, p: dict, knobs: dict) -> float:
+    """Share of (batch, row, group) rows whose block sets the torch and Triton score paths agree on."""
+    from nsa import ops
+    from nsa.backends import triton_nsa
+
+    ref = ops.select_blocks(q, kc, sel_count=p["sel_count"], **knobs)
+    _, scores = triton_nsa.compressed_and_scores(q, kc, vc, scale=q.shape[-1] ** -0.5, **knobs)
+    got = triton_nsa.topn(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])
+    return float((ref.sort(-1).values == got.long().sort(-1).values).all(-1).float().mean())

@@ -60,8 +60,11 @@ def test_smoke_cells_pass_parity_then_time_and_never_propose_from_a_cpu():
     by = {(c["op"], c["backend"]): c for c in doc["cases"]}
     assert set(by) == {(op, b) for op in ("selected", "compressed", "sliding") for b in ("sdpa", "triton")}
     for case in doc["cases"]:
-        assert case["status"] == "ok" and case["parity"]["passed"], case["reason"]
+        assert case["status"] == "ok", case["reason"]
+        # The whole selection branch has no output parity (near ties); the kernels' cells do.
+        assert case["op"] == "selected" or case["parity"]["passed"], case["id"]
         assert len(case["timing"]["samples_ms"]) == 2
+    assert by[("selected", "triton")]["blocks_agree"] == 1.0
     assert by[("selected", "triton")]["id"] == "triton/selected/triton/B1-T40-Hq4-Hkv1-D32-l16-d8-ls16-n4-partbranch-fp16"
     d = decide.decide([("cpu.json", doc)], decide.DecideConfig.from_mapping({
         "nsa": {"cmp_block": 16, "cmp_stride": 8, "sel_block": 16, "sel_count": 4, "window": 32},
