@@ -10,6 +10,7 @@ An explicitly named backend that cannot run raises `BackendError` with the reaso
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -68,15 +69,27 @@ def names() -> tuple[str, ...]:
 def module(name: str) -> ModuleType:
     if name not in _TABLE:
         raise ValueError(f"backend must be one of {sorted(_TABLE) + list(ALIASES)}, got {name!r}")
+    return _module(name)
+
+
+@functools.cache
+def _module(name: str) -> ModuleType:
     return importlib.import_module(_TABLE[name])
 
 
 def resolve(name: str, device: torch.device | str | None = None) -> str:
     """Resolve the alias `fa2`: the flash-attn package when importable, else torch's vendored FA-2."""
     if name == "fa2":
-        return "flash_attn" if module("flash_attn").unavailable_reason(device) is None else "torch_fa2"
-    module(name)  # validates the name
+        return _fa2_for(torch.device(device).type if device is not None else None)
+    if name not in _TABLE:
+        module(name)  # raises with the valid names
     return name
+
+
+@functools.cache
+def _fa2_for(device_type: str | None) -> str:
+    # Asked once or twice per NSA call: whether flash-attn imports does not change within a process.
+    return "flash_attn" if module("flash_attn").unavailable_reason(device_type) is None else "torch_fa2"
 
 
 def unavailable_reason(name: str, device: torch.device | str | None = None) -> str | None:

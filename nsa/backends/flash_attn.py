@@ -18,9 +18,19 @@ from torch import Tensor
 
 from nsa.backends import AttnCall, _fa2_common
 
+_IMPORT_ERROR: list[BaseException] = []
+
 
 def _lib() -> ModuleType:
-    return importlib.import_module("flash_attn")
+    # A failed import is not cached by Python: each retry searches sys.path again (~35 us, once or
+    # twice per NSA call through `resolve("fa2")`). Installing flash-attn needs a new process anyway.
+    if _IMPORT_ERROR:
+        raise _IMPORT_ERROR[0]
+    try:
+        return importlib.import_module("flash_attn")
+    except Exception as exc:  # a broken CUDA extension raises more than ImportError
+        _IMPORT_ERROR.append(exc)
+        raise
 
 
 def unavailable_reason(device: torch.device | str | None = None) -> str | None:
