@@ -37,7 +37,7 @@ def decision(win: tuple[int, int] = (-1, 4096), cmp: tuple[int, int] = (-1, -1))
         }
 
     return {
-        "schema": "nsa-decision/1",
+        "schema": "nsa-decision/2",
         "profile": "sm90",
         "gpu_name": "NVIDIA H100 80GB HBM3",
         "branches": {"win": branch("fa2_min_len_win", *win), "cmp": branch("fa2_min_len_cmp", *cmp)},
@@ -386,8 +386,13 @@ def test_dry_run_writes_a_per_class_proposal_as_one_flow_line(
 ) -> None:
     monkeypatch.chdir(pristine_config.parents[1])
     doc = decision(win=(-1, -1))
+    proposed = {"g1": -1, "g2": -1, "g4": 2048, "g8": 1024, "g16": -1}
+    classes = {cls: {"class": cls, "current": -1, "proposed": v, "changed": v != -1,
+                     "lengths": [{"T": t, "verdict": "adopt", "cells": []} for t in (1024, 2048) if v != -1]}
+               for cls, v in proposed.items()}
     doc["branches"]["win"] = {"key": "fa2_min_len_win", "current": -1, "changed": True, "reason": "g4, g8 measured",
-                              "proposed": {"g1": -1, "g2": -1, "g4": 2048, "g8": 1024, "g16": -1}}
+                              "proposed": proposed, "classes": classes,
+                              "lengths": [x for e in classes.values() for x in e["lengths"]]}
     rc, out, _ = run(doc, "--dry-run")
     assert rc == 0 and "outcome=dry-run" in out and fake.log == []
     plan = json.loads((run.tmp / "pr" / "pr.json").read_text())

@@ -159,7 +159,7 @@ def test_validate_decision_accepts_a_clean_decision() -> None:
     ({"exit_code": False}, "exit_code must be 0"),
     ({"cells": [{"id": "fa2/sliding/flash_attn/x", "verdict": "failed"}]}, "must have no failed cells, got 1"),
     ({"failures": [{"id": "fa2/sliding/torch_fa2/y", "parity_failed": True}]}, "must have no failed cells"),
-    ({"schema": "nsa-decision/0"}, "decision.schema must be 'nsa-decision/1'"),
+    ({"schema": "nsa-decision/0"}, "decision.schema must be 'nsa-decision/2'"),
 ])
 def test_validate_decision_refuses_failures(change: dict[str, Any], message: str) -> None:
     with pytest.raises(PlanError, match=message):
@@ -170,7 +170,10 @@ def test_validate_decision_refuses_failures(change: dict[str, Any], message: str
 def test_validate_decision_refuses_a_value_the_rule_cannot_produce(proposed: int) -> None:
     doc = _decision()
     doc["branches"]["win"].update(proposed=proposed, changed=True)
-    with pytest.raises(PlanError, match=r"proposed must be -1 or a tested length of fa2_min_len_win \(1024, 2048"):
+    # -5 is refused by the one loader's value rule, the others by the tested-lengths rule.
+    expected = (r"proposed must be -1 \(off\) or a sequence length >= 0, got -5" if proposed < -1
+                else r"proposed must be -1 or a tested length of fa2_min_len_win \(1024, 2048")
+    with pytest.raises(PlanError, match=expected):
         validate_decision(doc)
 
 

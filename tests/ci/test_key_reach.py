@@ -37,12 +37,13 @@ def copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("keyreach")
     for name in COPIED:
         shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")  # marks a checkout (nsa.resources)
     keys_py = root / "nsa" / "keys.py"
     text = keys_py.read_text(encoding="utf-8")
     # The one place: a key in KEYS, and (a new family) its label beside the others.
     text = text.replace('FAMILY_LABELS = {"fa2": "FA-2", "triton": "Triton"}',
                         'FAMILY_LABELS = {"fa2": "FA-2", "triton": "Triton", "flex": "FlexAttention"}')
-    line_end = text.index("\n", text.index('DecisionKey("triton_min_len_sel"')) + 1
+    line_end = text.index("\n", text.index("KEYS: tuple[DecisionKey, ...] = (")) + 1
     keys_py.write_text(text[:line_end] + DECLARATION + text[line_end:], encoding="utf-8")
     config = root / "configs" / "base.yaml"
     cfg = fx.pristine_config_text()

@@ -71,7 +71,8 @@ def _cmp_group(Q, KC, VC, Out, S,
     acc = tl.zeros([M, BDV], tl.float32)
     t_first = pid_t * BTQ + tl.arange(0, BTQ)
     carry = tl.zeros([BTQ, SHIFT if SHIFT > 0 else 1], tl.float32)
-    s_rows = S + b * ssb + t_first[:, None] * sst + h * ssh
+    # A score row's offset t * (Hkv * Nb) passes 2**31 at 128k with 16 KV heads: int64.
+    s_rows = S + b * ssb + t_first[:, None].to(tl.int64) * sst + h * ssh
     for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
         acc, p, offs_c = _pv_tile(q, KC, VC, kc_base, b * svb + h * svh, skt, svt, c0, nvis, Tc, scale, m_safe,
                                   inv_l, acc, BC, BDK, DK, BDV, DV, IEEE)
@@ -85,7 +86,7 @@ def _cmp_group(Q, KC, VC, Out, S,
                 ps = tl.sum(tl.reshape(p, [BTQ, GP, BC]), 1)              # Eq. 10: over heads
                 tot = _group_scores(ps, offs_c, jb, BNB, L, D, SEL, SCORE_MODE)
                 offs_j = jb + tl.arange(0, BNB)
-                ptr = S + b * ssb + t_first[:, None] * sst + h * ssh + offs_j[None, :]
+                ptr = S + b * ssb + t_first[:, None].to(tl.int64) * sst + h * ssh + offs_j[None, :]
                 smask = (t_first[:, None] < T) & (offs_j[None, :] < NB)
                 old = tl.load(ptr, mask=smask, other=0.0)
                 tl.store(ptr, old + tot, mask=smask)
@@ -93,7 +94,7 @@ def _cmp_group(Q, KC, VC, Out, S,
     if SCORES and SHIFT > 0:
         jb_end = (tl.cdiv(max_vis if DYN_LOOP else TC_ALL, BC) * BC * D) // SEL
         offs_j = jb_end + tl.arange(0, SHIFT)
-        tl.store(S + b * ssb + t_first[:, None] * sst + h * ssh + offs_j[None, :], carry,
+        tl.store(S + b * ssb + t_first[:, None].to(tl.int64) * sst + h * ssh + offs_j[None, :], carry,
                  mask=(t_first[:, None] < T) & (offs_j[None, :] < NB))
     tl.store(Out + b * sob + offs_t[:, None] * sot + heads[:, None] * soh + offs_dv[None, :],
              acc.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
@@ -154,7 +155,7 @@ def _cmp_split(Q, KC, VC, ML, PACC, S, SPILL,
         acc = tl.zeros([M, BDV], tl.float32)
         t_first = tl.arange(0, BTQ)
         carry = tl.zeros([BTQ, SHIFT], tl.float32)
-        s_rows = S + b * ssb + t_first[:, None] * sst + h * ssh
+        s_rows = S + b * ssb + t_first[:, None].to(tl.int64) * sst + h * ssh
         for i in range(0, CH, BC):
             acc, p, offs_c = _pv_tile(q, KC, VC, kc_base, b * svb + h * svh, skt, svt, c_lo + i, nvis, Tc, scale,
                                       m_safe, inv_l, acc, BC, BDK, DK, BDV, DV, IEEE)
@@ -180,7 +181,7 @@ def _add_spill(S, SPILL, ssb, sst, ssh, T, NB,
     k = tl.arange(0, SHIFT)
     spill = tl.load(SPILL + ((s * tl.num_programs(1) + bh) * BTQ + t[:, None]) * SHIFT + k[None, :])
     offs_j = (s + 1) * CHB + k
-    ptr = S + b * ssb + t[:, None] * sst + h * ssh + offs_j[None, :]
+    ptr = S + b * ssb + t[:, None].to(tl.int64) * sst + h * ssh + offs_j[None, :]
     mask = (t[:, None] < T) & (offs_j[None, :] < NB)
     tl.store(ptr, tl.load(ptr, mask=mask, other=0.0) + spill, mask=mask)
 

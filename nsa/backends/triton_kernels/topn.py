@@ -53,7 +53,7 @@ def _topn_part(S, CS, CI, ssb, sst, ssh, NB, q_start, NP,
                HKV: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, CHK: tl.constexpr, BN: tl.constexpr):
     """Stage 1 of the few-rows top-n (decode): the top `N` of one chunk of `CHK` blocks of a row,
     under the same forced/candidate rules, as (score, index) candidates; empty slots -inf."""
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)   # t * score row stride passes 2**31 at 128k, 16 KV heads
     bh = tl.program_id(1)
     part = tl.program_id(2)
     b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
@@ -96,7 +96,7 @@ def _topn(S, IDX, ssb, sst, ssh, sib, sit, sih, NB, q_start,
           HKV: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, BNB: tl.constexpr, BN: tl.constexpr):
     """One row of group scores -> its `N` blocks: forced block 0, current and previous; then the
     highest scores among candidates `j <= t // SEL`, ties to the lower index; ascending, -1 pad."""
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)   # t * score row stride passes 2**31 at 128k, 16 KV heads
     bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
     h = bh % HKV
