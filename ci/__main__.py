@@ -3,7 +3,8 @@
 Subcommands are registered as `Subcommand` records (name, help, arguments, run function), so a
 new stage is one `register(...)` call. Exit codes: 0 ok, 1 a stage could not finish (GitHub, the
 sweep), 2 bad input (with a message saying how to fix it), 3 parity failure (`decide` still
-writes its file). `pipeline` runs the stages in order; `workflow-steps` runs a workflow job here.
+writes its file), 4 a regression (`history` and `pipeline`, after every file is written).
+`pipeline` runs the stages in order; `workflow-steps` runs a workflow job here.
 """
 
 from __future__ import annotations
