@@ -54,7 +54,8 @@ test-gpu: test-gpu-smoke test-fa2-parity
 pipeline: setup
 	$(PY) -m ci pipeline $(PIPELINE_ARGS)
 
-## gpu-bench: the GPU workflow's jobs on this machine (needs CUDA): gpu, then decide (PR dry run: no token)
+## gpu-bench: the GPU workflow's jobs on this machine (needs CUDA): gpu, then decide (PR dry run: no token).
+## History is kept in NSA_HISTORY_DIR (default out/history-store), so each run compares with the earlier ones.
 gpu-bench: TORCH_SPEC =
 gpu-bench: VENV_ARGS = --system-site-packages
 gpu-bench: setup

@@ -3,7 +3,8 @@
 Subcommands are registered as `Subcommand` records (name, help, arguments, run function), so a
 new stage is one `register(...)` call. Exit codes: 0 ok, 1 a stage could not finish (GitHub, the
 sweep), 2 bad input (with a message saying how to fix it), 3 parity failure (`decide` still
-writes its file). `pipeline` runs the stages in order; `workflow-steps` runs a workflow job here.
+writes its file), 4 a regression (`history` and `pipeline`, after every file is written).
+`pipeline` runs the stages in order; `workflow-steps` runs a workflow job here.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def _report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decision", required=True, help="decision file written by `python -m ci decide`")
     p.add_argument("--previous", default=None,
                    help="previous run (results or decision file) to compare case timings with")
+    p.add_argument("--trends", default=None, metavar="DIR",
+                   help="folder of trend_*.png from `ci history` (its --out-dir/trends, e.g. out/history/trends): "
+                        "copied into --out-dir and shown in the history section; an absent folder shows none")
     p.add_argument("--out-dir", default="out/report",
                    help="folder for report.md, summary.md and speedup_<branch>.png (default: %(default)s)")
     p.add_argument("--summary-to", default=None, metavar="FILE",
@@ -85,7 +89,7 @@ def _report_run(args: argparse.Namespace) -> int:
     from ci import report
 
     check_out_dir(args.out_dir, "--out-dir")
-    written = report.write_report(args.decision, args.out_dir, args.previous)
+    written = report.write_report(args.decision, args.out_dir, args.previous, args.trends)
     for path in written:
         print(path)
     if args.summary_to is not None:
@@ -106,7 +110,9 @@ register(Subcommand(
 register(Subcommand(
     "report", "render a decision file as report.md, summary.md and plots",
     "Render the markdown report (also the threshold PR body), a short summary for "
-    "$GITHUB_STEP_SUMMARY and one speedup-vs-length PNG per branch. Exit 0 ok, 2 bad input.",
+    "$GITHUB_STEP_SUMMARY and one speedup-vs-length PNG per branch. A decision rewritten by `ci history` "
+    "also gets its regressions (first) and a history section with the trend charts of --trends. "
+    "Exit 0 ok, 2 bad input.",
     _report_args, _report_run))
 register(Subcommand("history", *__import__("ci.history_cmd", fromlist=["FIELDS"]).FIELDS))
 register(Subcommand("pr", pr_cmd.HELP, pr_cmd.DESCRIPTION, pr_cmd.add_arguments, pr_cmd.run))

@@ -3,7 +3,8 @@
 Runs after `ci decide` and before `ci report` / `ci pr`, on the same results files and decision:
 
 1. reads the GPU model's past runs (and those of every other model of the profile) from the store:
-   `--history-dir DIR`, else the `nsa-history` branch when GITHUB_TOKEN (or GH_TOKEN) and
+   `--history-dir DIR`, else the folder in NSA_HISTORY_DIR (a local replay of the workflow,
+   `make gpu-bench`, sets it), else the `nsa-history` branch when GITHUB_TOKEN (or GH_TOKEN) and
    GITHUB_REPOSITORY are set and this is no dry run, else none (a first run: nothing to compare);
 2. turns back every proposed change that the last K runs (`decide.history_runs`) of this model and
    the latest runs of the profile's other models did not all measure (`ci.lasting`), in the
@@ -27,7 +28,8 @@ changed); 4 a regression was flagged (the decision, history, issue, trends and h
 written first, so the report and the PR steps still run after it: let them run on this step's
 `history` output, and fail the job at the end); 1 GitHub could not be reached or refused.
 
-Environment: GITHUB_TOKEN or GH_TOKEN, GITHUB_REPOSITORY (owner/name), GITHUB_API_URL (default
+Environment: NSA_HISTORY_DIR (as --history-dir when that is absent; empty: unset), GITHUB_TOKEN or
+GH_TOKEN, GITHUB_REPOSITORY (owner/name), GITHUB_API_URL (default
 https://api.github.com), NSA_PR_DRY_RUN (true: as --dry-run), GITHUB_SERVER_URL and GITHUB_RUN_ID
 (link the issue to the run), GITHUB_OUTPUT. The branch needs `contents: write`, the issue
 `issues: write`.
@@ -53,6 +55,7 @@ __all__ = ["DESCRIPTION", "HELP", "HistoryInputError", "add_arguments", "main"]
 
 EXIT_OK, EXIT_GITHUB, EXIT_INPUT, EXIT_REGRESSION = 0, 1, 2, 4
 DRY_RUN_ENV = "NSA_PR_DRY_RUN"
+HISTORY_DIR_ENV = "NSA_HISTORY_DIR"
 _TRUE, _FALSE = ("1", "true", "yes"), ("", "0", "false", "no")
 HELP = "keep only threshold changes that last K runs, save the run's history, flag regressions"
 DESCRIPTION = __doc__ or ""
@@ -71,13 +74,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default="configs/base.yaml",
                    help="config with decide.history_runs, history_keep and regression_margin (default: %(default)s)")
     p.add_argument("--history-dir", default=None, metavar="DIR",
-                   help="keep history in DIR/history/<gpu>/ instead of the nsa-history branch")
+                   help="keep history in DIR/history/<gpu>/ instead of the nsa-history branch "
+                        f"(default: ${HISTORY_DIR_ENV} when set and not empty)")
     p.add_argument("--out-dir", default="out/history",
                    help="for history.json, trends/*.png and, on a dry run, issue_body.md and issue.json "
                         "(default: %(default)s)")
     p.add_argument("--dry-run", action="store_true",
                    help="save no history and touch no issue (the decision is still rewritten); "
-                        "without --history-dir no history is read either")
+                        f"without --history-dir or ${HISTORY_DIR_ENV} no history is read either")
 
 
 # -- inputs ---------------------------------------------------------------------------------------
@@ -355,11 +359,12 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
     # 2. History: the store, its runs of this profile.
     o = Outcome()
     gh = None
-    if args.history_dir:
+    history_dir = args.history_dir or env.get(HISTORY_DIR_ENV, "").strip()
+    if history_dir:
         from ci.history_store import LocalHistoryStore
 
-        store: Any = LocalHistoryStore(args.history_dir, log=log)
-        o.store = f"dir:{args.history_dir}"
+        store: Any = LocalHistoryStore(history_dir, log=log)
+        o.store = f"dir:{history_dir}"
     elif target is not None:
         from ci.github import connect
         from ci.history_store import GitHubHistoryStore
@@ -402,7 +407,8 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
         # 4. Save this run (not a smoke run, not a dry run).
         if store is None:
             o.history = "not saved"
-            o.history_detail = {"reason": "dry run" if dry else "no --history-dir and no GitHub token"}
+            o.history_detail = {"reason": "dry run" if dry else f"no --history-dir, no {HISTORY_DIR_ENV} and no "
+                                                                 "GitHub token"}
         elif dry:
             o.history, o.history_detail = "not saved", {"reason": "dry run"}
         elif smoke:

@@ -1,27 +1,41 @@
-"""`python -m ci pipeline`: the project's main job, sweep -> decide -> report -> PR, on any machine.
+"""`python -m ci pipeline`: the project's main job, sweep -> decide -> history -> report -> PR, on any machine.
 
 Stages, each a file under --out-dir (default out/):
   sweep   `python -m bench run` in a subprocess (ci never imports torch) -> results.json.
           `--size auto` asks a subprocess whether torch sees a GPU: CUDA -> nightly, CPU -> smoke
           (FA-2 needs CUDA, so a CPU run records it as unavailable and the report says so; the triton
           suite runs on a CPU only under TRITON_INTERPRET=1, and CPU timings never propose).
+          Suites by default: fa2,triton,calibration, plus auto,fast,decode (auto against the best
+          plan, the fast path at the paper layout, decode steps) for a nightly or full sweep on
+          CUDA, as the GPU workflow's nightly sweep; a CPU smoke run stays short.
           Skipped with --results, which decides on existing results files instead.
-  decide  -> decision.json (exit 3 on parity failures; the report still runs, the PR does not).
-  report  -> report/ (report.md, summary.md, speedup plots).
+  decide  -> decision.json (exit 3 on parity failures; history and the report still run, the PR does not).
+  history `python -m ci history` -> history/ (history.json, trends/*.png, issue files), and rewrites
+          decision.json so a threshold changes only when the last K runs of this GPU model agree.
+          The runs are kept in --history-dir (default: $NSA_HISTORY_DIR, else <out-dir>/history-store,
+          which this command never clears), so the next pipeline run on this machine compares with
+          this one; exit 4 when a case regressed (everything is still written, and the report and the
+          PR still run). --dry-run saves no history and opens no issue.
+  report  -> report/ (report.md, summary.md, speedup and trend plots); runs once history rewrote
+          the decision.
   pr      -> pr/ (pr_body.md, config.diff, pr.json). A dry run unless GITHUB_TOKEN or GH_TOKEN is set
-          and --dry-run is not given. Skipped for a CPU machine's results: thresholds belong to a
-          GPU profile.
-Exit code: that of the first stage that failed (sweep 1/2, decide 2/3, report 2, pr 1/2), else 0.
+          and --dry-run is not given. Skipped for a CPU machine's results (thresholds belong to a
+          GPU profile), after a failed decide or report, and when history did not rewrite the decision.
+Exit code: that of the first stage that failed (sweep 1/2, decide 2/3, history 1/2/4, report 2,
+pr 1/2), else 0. 4 means a regression: a case is significantly slower than in this GPU model's
+history (the report lists it first).
 
---out-dir holds one run: before a stage runs, the file or folder it writes is removed, and the
-summary reads a stage's file only when that stage succeeded in this run. A failed stage therefore
-never shows (or leaves behind for `ci pr`) the decision, report or PR outcome of an earlier run.
+--out-dir holds one run: before a stage runs, the file or folder it writes is removed (the history
+store excepted), and the summary reads a stage's file only when that stage succeeded in this run.
+A failed stage therefore never shows (or leaves behind for `ci pr`) the decision, report or PR
+outcome of an earlier run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -39,6 +53,12 @@ HELP = "the main job: sweep this machine, decide, report, threshold PR (dry run 
 # FA-2 and the own Triton kernels against masked SDPA (the fa2_* and triton_* keys), plus the A/A
 # runs that set the noise floor.
 DEFAULT_SUITES = "fa2,triton,calibration"
+# Added for a nightly or full sweep on CUDA: auto against every plan, the fast path at the paper
+# layout and decode steps (the GPU workflow's nightly suites; a CPU smoke run stays short).
+GPU_SUITES = "auto,fast,decode"
+GPU_SIZES = ("nightly", "full")
+HISTORY_ENV, HISTORY_STORE = "NSA_HISTORY_DIR", "history-store"
+EXIT_REGRESSION = 4
 SIZES = ("auto", "smoke", "nightly", "full")
 SIZE_FOR_DEVICE = {"cpu": "smoke", "cuda": "nightly"}
 PROBE = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"
@@ -64,7 +84,9 @@ class StageFailed(Exception):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suites", default=DEFAULT_SUITES, help="bench suites to sweep (default: %(default)s)")
+    p.add_argument("--suites", default=None,
+                   help=f"bench suites to sweep (default: {DEFAULT_SUITES}, plus {GPU_SUITES} for a nightly or "
+                        "full sweep on CUDA)")
     p.add_argument("--size", choices=SIZES, default="auto",
                    help="sweep size; auto: nightly when torch sees a GPU, smoke otherwise (default: %(default)s)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -79,7 +101,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="speedup the interval's lower bound must clear (default: the config's decide.margin)")
     p.add_argument("--previous", default=None, help="previous results or decision file for the report")
     p.add_argument("--out-dir", default="out", help="folder for every stage's files (default: %(default)s)")
-    p.add_argument("--dry-run", action="store_true", help="never send the PR, even with a token")
+    p.add_argument("--history-dir", default=None, metavar="DIR",
+                   help=f"run history kept between pipeline runs (default: ${HISTORY_ENV} when set, else "
+                        f"<out-dir>/{HISTORY_STORE})")
+    p.add_argument("--dry-run", action="store_true",
+                   help="never send the PR or touch the regression issue, even with a token; save no history")
 
 
 def probe_device() -> str:
@@ -103,9 +129,24 @@ def sweep_command(args: argparse.Namespace, out_file: Path, probe: Probe) -> tup
         if device == "auto":
             device = probe()
         size = SIZE_FOR_DEVICE[device]
-    cmd = [sys.executable, "-m", "bench", "run", "--suites", args.suites, "--size", size, "--device", device,
-           "--out", str(out_file), *shlex.split(args.bench_args)]
+    cmd = [sys.executable, "-m", "bench", "run", "--suites", suites(args, device, size, probe), "--size", size,
+           "--device", device, "--out", str(out_file), *shlex.split(args.bench_args)]
     return cmd, device, size
+
+
+def suites(args: argparse.Namespace, device: str, size: str, probe: Probe) -> str:
+    """--suites, or the default: the GPU suites join it for a nightly or full sweep on CUDA only."""
+    if args.suites is not None:
+        return str(args.suites)
+    if size not in GPU_SIZES:
+        return DEFAULT_SUITES
+    on_cuda = device == "cuda" or (device == "auto" and probe() == "cuda")
+    return f"{DEFAULT_SUITES},{GPU_SUITES}" if on_cuda else DEFAULT_SUITES
+
+
+def history_dir(args: argparse.Namespace, out: Path) -> str:
+    """--history-dir, else $NSA_HISTORY_DIR (when not empty), else <out-dir>/history-store."""
+    return args.history_dir or os.environ.get(HISTORY_ENV, "").strip() or str(out / HISTORY_STORE)
 
 
 def _sweep(args: argparse.Namespace, out_file: Path, probe: Probe) -> str:
@@ -116,7 +157,7 @@ def _sweep(args: argparse.Namespace, out_file: Path, probe: Probe) -> str:
         raise StageFailed(f"`python -m bench run` exited {rc}" + ("" if out_file.is_file() else
                           f" without writing {out_file}"), rc or EXIT_FAILED)
     machine = _read_json(out_file).get("machine", {})
-    return f"{out_file} ({machine.get('gpu_name', device)}, size {size}, suites {args.suites})"
+    return f"{out_file} ({machine.get('gpu_name', device)}, size {size}, suites {cmd[cmd.index('--suites') + 1]})"
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -167,6 +208,7 @@ def run(args: argparse.Namespace, stage: Stage, probe: Probe = probe_device) -> 
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     decision, report_dir, pr_dir = out / "decision.json", out / "report", out / "pr"
+    history_out = out / "history"
     done: list[StageResult] = []
 
     if args.results:
@@ -182,26 +224,52 @@ def run(args: argparse.Namespace, stage: Stage, probe: Probe = probe_device) -> 
 
     margin = [] if args.margin is None else ["--margin", repr(args.margin)]
     config = [] if args.config is None else ["--config", args.config]
-    for path in (decision, report_dir, pr_dir):
+    for path in (decision, history_out, report_dir, pr_dir):
         _clear(path)
     done.append(_timed("decide", lambda: (_call(stage, ["decide", "--results", *files, *config,
                                                          *margin, "--out", str(decision)]), str(decision))))
-    # Exit 3 (parity failure) still writes the decision, and the report shows the failures.
-    doc = _read_json(decision) if done[-1].rc in (0, 3) else {}
-    if not doc:
-        return _finish(done, doc, report_dir)
+    # Exit 3 (parity failure) still writes the decision, and history and the report show the failures.
+    if not (_read_json(decision) if done[-1].rc in (0, 3) else {}):
+        return _finish(done, {}, report_dir)
+    done.append(_history(args, stage, files, decision, history_out, history_dir(args, out)))
+    # As the workflow's `steps.history.outputs.history != ''`: report and PR run once history rewrote the
+    # decision (history.json is written from then on, also with exit 4 or a GitHub error after it).
+    doc = _read_json(decision)
+    if not (history_out / "history.json").is_file():
+        done.append(StageResult("report", "skipped", detail="history did not rewrite the decision"))
+        done.append(StageResult("pr", "skipped", detail="history did not rewrite the decision"))
+        return _finish(done, doc, None)
     previous = ["--previous", args.previous] if args.previous else []
     done.append(_timed("report", lambda: (_call(stage, ["report", "--decision", str(decision), *previous,
+                                                         "--trends", str(history_out / "trends"),
                                                          "--out-dir", str(report_dir)]), str(report_dir))))
     done.append(_pr(args, stage, doc, decision, report_dir, pr_dir, done))
     return _finish(done, doc, report_dir if done[-2].status == "ok" else None)
+
+
+def _history(args: argparse.Namespace, stage: Stage, files: Sequence[str], decision: Path, out_dir: Path,
+             store: str) -> StageResult:
+    config = ["--config", args.config] if args.config else []
+
+    def go() -> tuple[int, str]:
+        rc = _call(stage, ["history", "--results", *files, "--decision", str(decision), *config,
+                           "--history-dir", store, "--out-dir", str(out_dir), *(["--dry-run"] * args.dry_run)])
+        info = _read_json(out_dir / "history.json")
+        if not info:
+            return rc, f"store {store}"
+        runs = len(((_read_json(decision).get("history") or {}).get("runs_used") or {}).get(info.get("gpu"), []))
+        flagged = len(info.get("regressions") or [])
+        return rc, (f"{(info.get('history') or {}).get('outcome')} in {store}; {runs} run(s) of this GPU model "
+                    f"used; {flagged} regression(s); {len(info.get('trends') or [])} trend chart(s)")
+    return _timed("history", go)
 
 
 def _pr(args: argparse.Namespace, stage: Stage, doc: dict[str, Any], decision: Path, report_dir: Path,
         pr_dir: Path, done: list[StageResult]) -> StageResult:
     # `ci pr --config` is the config's path inside the repository, which the local default matches.
     config = ["--config", args.config] if args.config else []
-    failed = [r.name for r in done if r.status == "failed"]
+    # A regression (history exit 4) still lets the PR run, as in the workflow; it fails the pipeline at the end.
+    failed = [r.name for r in done if r.status == "failed" and not (r.name == "history" and r.rc == EXIT_REGRESSION)]
     if failed:
         return StageResult("pr", "skipped", detail=f"{' and '.join(failed)} failed")
     if doc.get("profile") == "cpu":
@@ -222,6 +290,8 @@ def _finish(done: Sequence[StageResult], doc: dict[str, Any], report_dir: Path |
         seconds = f"{r.seconds:7.1f} s" if r.seconds is not None else " " * 9
         status = r.status if r.status != "failed" else f"FAILED (exit {r.rc})"
         print(f"  {r.name:<7} {status:<16} {seconds}  {r.detail}")
+    if any(r.name == "history" and r.rc == EXIT_REGRESSION for r in done):
+        print("regression: a case is slower than in this GPU model's history; see the report's first section")
     if doc:
         fa2, triton = doc.get("fa2", {}), doc.get("triton", {})
         if not fa2.get("ran", True):

@@ -1,7 +1,10 @@
 """`ci report`: render a decision file as markdown (report.md, summary.md) plus plots.
 
 report.md doubles as the threshold PR body; summary.md is short enough for
-`$GITHUB_STEP_SUMMARY`. Templates live in the checkout's `templates/` folder (an installed package
+`$GITHUB_STEP_SUMMARY`. A decision rewritten by `ci history` also carries `history` (K, runs used,
+store, changes held back) and `regressions` (rows against the history baseline): flagged
+regressions lead both files, and the trend PNGs of `ci history` (`--trends DIR`) are copied into
+the report folder and embedded. Templates live in the checkout's `templates/` folder (an installed package
 carries copies, see nsa.resources) and render under
 StrictUndefined: a decision file missing a field fails loudly instead of printing a blank.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -178,8 +182,40 @@ def _comparison(decision: Mapping[str, Any], previous: Mapping[str, Any] | None,
             "same_gpu": prev_gpu == decision["gpu_name"]}
 
 
+def _history(decision: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The history section (`ci history`'s rewrite), or None for a decision it never saw."""
+    info = decision.get("history")
+    if not isinstance(info, Mapping):
+        return None
+    entries = {(e["key"], e["class"]): e for e in decision["decisions"]}
+    rows = []
+    for ev in info.get("evidence") or []:
+        if ev.get("held") is None:  # decide proposed no change for it: nothing to hold
+            continue
+        e = entries.get((ev["key"], ev["class"]), {})
+        rows.append({"key": ev["key"], "cls": ev["class"], "measured": ev.get("measured"),
+                     "held": ev["held"], "reason": e.get("reason", ""),
+                     "runs": ", ".join(f"{x['run']} ({x['model']}): {_fmt_value(x.get('measured'))}"
+                                       for x in ev.get("evidence") or [])})
+    used = [(model, ", ".join(ids) or "none") for model, ids in (info.get("runs_used") or {}).items()]
+    return {**info, "rows": rows, "runs_used_rows": used}
+
+
+def _regressions(decision: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Regression rows of `ci history` split by flag, worst first; None for a decision without them."""
+    reg = decision.get("regressions")
+    if not isinstance(reg, Mapping):
+        return None
+    rows = list(reg.get("rows") or [])
+    return {**reg, "margin_pct": f"{reg['margin'] * 100:.0f}%", "compared": len(rows),
+            "flagged_rows": [r for r in rows if r["flag"] == "regression"],
+            "drift_rows": [r for r in rows if r["flag"] == "drift"],
+            "improved_rows": [r for r in rows if r["flag"] == "improvement"]}
+
+
 def context(decision: Mapping[str, Any], previous: Mapping[str, Any] | None = None,
-            previous_name: str = "", plot_files: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+            previous_name: str = "", plot_files: Mapping[str, str | None] | None = None,
+            trend_files: list[str] | None = None) -> dict[str, Any]:
     """Everything the templates read: the raw decision as `d` plus derived, sorted rows."""
     cells_by_id = {c["id"]: c for c in decision["cells"]}
     branch_cells = {name: _branch_rows(decision, name) for name in decision["branches"]}
@@ -210,13 +246,17 @@ def context(decision: Mapping[str, Any], previous: Mapping[str, Any] | None = No
         "not_measured": [{"name": f.name, "label": f.label, "reason": decision[f.name]["reason"]}
                          for f in FAMILIES if f.name in decision and not decision[f.name]["ran"]],
         "summary_failures": SUMMARY_FAILURES,
+        "history": _history(decision),
+        "regressions": _regressions(decision),
+        "trends": list(trend_files or []),
     }
 
 
 def render_report(decision: Mapping[str, Any], previous: Mapping[str, Any] | None = None,
-                  previous_name: str = "", plot_files: Mapping[str, str | None] | None = None) -> str:
+                  previous_name: str = "", plot_files: Mapping[str, str | None] | None = None,
+                  trend_files: list[str] | None = None) -> str:
     """report.md: the full report (also the threshold PR body)."""
-    ctx = context(decision, previous, previous_name, plot_files)
+    ctx = context(decision, previous, previous_name, plot_files, trend_files)
     return environment().get_template("report.md.j2").render(**ctx)
 
 
@@ -266,9 +306,24 @@ def load_previous(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ReportError(f"previous run {path} must be a results or decision file; {exc}") from None
 
 
+def trend_pngs(trends_dir: str | os.PathLike[str] | None) -> list[Path]:
+    """`trend_*.png` in `trends_dir` (`ci history`'s <out-dir>/trends), sorted; none when it is absent."""
+    if trends_dir is None:
+        return []
+    folder = Path(trends_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ReportError(f"--trends must be a folder, got the file {str(folder)!r}; pass `ci history`'s "
+                          "--out-dir followed by /trends")
+    return sorted(folder.glob("trend_*.png")) if folder.is_dir() else []
+
+
 def write_report(decision_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-                 previous_path: str | os.PathLike[str] | None = None) -> list[Path]:
+                 previous_path: str | os.PathLike[str] | None = None,
+                 trends_dir: str | os.PathLike[str] | None = None) -> list[Path]:
     """Write report.md, summary.md and one speedup PNG per threshold key with data; return the paths.
+
+    The trend charts in `trends_dir` (absent or empty: none, a charts-less `ci history` run) are
+    copied beside report.md and embedded in its history section.
 
     The decision is validated by rendering both templates before any plot is drawn. Everything is
     written into a temporary folder beside `out_dir`, which replaces `out_dir` only when every file
@@ -276,14 +331,15 @@ def write_report(decision_path: str | os.PathLike[str], out_dir: str | os.PathLi
     """
     decision = load_decision(decision_path)
     previous = load_previous(previous_path) if previous_path else None
+    trends = trend_pngs(trends_dir)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out-dir must be a folder, got the file {str(out)!r}; pass another folder")
 
     def render(plot_names: Mapping[str, str | None] | None) -> tuple[str, str]:
         try:
-            return (render_report(decision, previous, str(previous_path or ""), plot_names),
-                    render_summary(decision))
+            return (render_report(decision, previous, str(previous_path or ""), plot_names,
+                                  [p.name for p in trends]), render_summary(decision))
         except (KeyError, TypeError, AttributeError, ValueError, jinja2.UndefinedError) as exc:
             raise ReportError(f"decision file {decision_path} lacks a field the report needs, or holds one of "
                               f"the wrong type ({type(exc).__name__}: {exc}); regenerate it with "
@@ -302,6 +358,9 @@ def write_report(decision_path: str | os.PathLike[str], out_dir: str | os.PathLi
                               f"{type(exc).__name__}: {exc}; regenerate it with `python -m ci decide`") from None
         report, summary = render({name: png.name if png else None for name, png in drawn.items()})
         names = [png.name for png in drawn.values() if png]
+        for png in trends:
+            shutil.copyfile(png, stage / png.name)
+            names.append(png.name)
         for name, text in (("report.md", report), ("summary.md", summary)):
             (stage / name).write_text(text, encoding="utf-8")
             names.append(name)

@@ -15,9 +15,18 @@ manual dispatch with the default inputs would run them:
                         a threshold PR step makes a dry run.
 `uses:` steps (checkout, artifacts) are listed, not run: their files are already in this working
 tree. $GITHUB_ENV, $GITHUB_PATH, $GITHUB_OUTPUT and $GITHUB_STEP_SUMMARY are files under
---state-dir and work as on GitHub. A step runs when no earlier step failed, unless its `if:` is
-`always()` or `!cancelled()` (runs anyway) or `failure()` (only after a failure); other `if:`
-expressions are refused. Wall time per step and in total is printed at the end.
+--state-dir and work as on GitHub ($GITHUB_OUTPUT is fresh for each step, and what a step with an
+`id:` writes there becomes `steps.<id>.outputs.<name>`). A step runs when no earlier step failed,
+unless its `if:` is `always()` or `!cancelled()` (runs anyway) or `failure()` (only after a
+failure). An `if:` may also join, with `&&`, comparisons of an earlier step's result with a quoted
+string: `steps.<id>.outcome == 'success'`, `steps.<id>.conclusion != 'failure'`,
+`steps.<id>.outputs.<name> != ''` (a step that did not run has outcome `skipped`; a missing output
+is ''). Other `if:` expressions are refused. Wall time per step and in total is printed at the end.
+
+History: the job's steps see NSA_HISTORY_DIR (default: out/history-store under the current folder,
+made absolute; a value already in the environment wins), so `python -m ci history` keeps the run
+history in that folder, as GitHub keeps it on the nsa-history branch, and a second replay on this
+machine compares with the first. Set NSA_HISTORY_DIR to another folder to keep another history.
 
 Exit codes: 0 every step that ran passed (or --dry-run), the first failing step's exit code
 otherwise, 2 bad input (file, job, input).
@@ -48,10 +57,32 @@ _INPUT = re.compile(r"(?:github\.event\.)?inputs\.([A-Za-z_][\w-]*)")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _CONDITIONS = {"always()": "always", "!cancelled()": "always", "success()||failure()": "always",
                "failure()": "failure", "success()": "success"}
+_CHECK = re.compile(r"steps\.([A-Za-z_][\w-]*)\.(outcome|conclusion|outputs\.([A-Za-z_][\w-]*))\s*(==|!=)\s*"
+                    r"'((?:[^']|'')*)'")
+# The local stand-in for the nsa-history branch (see the module docstring); relative to the cwd.
+HISTORY_ENV, HISTORY_DEFAULT = "NSA_HISTORY_DIR", Path("out") / "history-store"
 
 
 class WorkflowError(ValueError):
     """A workflow, job or input this runner cannot use."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """`steps.<step>.<field> <op> '<value>'`; field is outcome, conclusion or outputs.<name>."""
+
+    step: str
+    field: str
+    op: str  # == or !=
+    value: str
+
+    def holds(self, results: Mapping[str, Mapping[str, Any]]) -> bool:
+        done = results.get(self.step, {})
+        if self.field.startswith("outputs."):
+            got = done.get("outputs", {}).get(self.field.split(".", 1)[1], "")
+        else:
+            got = done.get("outcome", "")
+        return (got == self.value) == (self.op == "==")
 
 
 @dataclass(frozen=True)
@@ -63,6 +94,9 @@ class Step:
     env: dict[str, str]
     condition: str  # success, always, failure
     working_directory: str | None
+    id: str | None = None
+    checks: tuple[Check, ...] = ()
+    condition_text: str = ""  # the `if:` as written, for the listing (compound ones only)
 
 
 @dataclass
@@ -110,16 +144,16 @@ class Resolver:
         return _EXPR.sub(lambda m: _as_text(self.expression(m.group(1))), value)
 
 
-def _split_or(expr: str) -> list[str]:
-    """`a || 'b||c' || d` -> its operands (quotes respected)."""
+def _split_or(expr: str, sep: str = "||") -> list[str]:
+    """`a || 'b||c' || d` -> its operands (quotes respected); `sep="&&"` splits a conjunction."""
     parts, current, quoted, i = [], "", False, 0
     while i < len(expr):
         ch = expr[i]
         if ch == "'":
             quoted = not quoted
-        if not quoted and expr.startswith("||", i):
+        if not quoted and expr.startswith(sep, i):
             parts.append(current)
-            current, i = "", i + 2
+            current, i = "", i + len(sep)
             continue
         current += ch
         i += 1
@@ -189,16 +223,32 @@ def input_values(doc: Mapping[Any, Any], overrides: Mapping[str, str]) -> dict[s
     return values
 
 
-def _condition(raw: Any, where: str) -> str:
+def _condition(raw: Any, where: str, earlier: Sequence[str] = ()) -> tuple[str, tuple[Check, ...]]:
+    """(status, checks) of an `if:`: at most one status function (none: success()) and, joined with
+    `&&`, comparisons of the steps with ids in `earlier`."""
     if raw is None:
-        return "success"
+        return "success", ()
     text = str(raw).strip()
     m = _EXPR.fullmatch(text)
-    key = (m.group(1) if m else text).replace(" ", "")
-    if key not in _CONDITIONS:
-        raise WorkflowError(f"{where}: if: {raw!r} is not supported by the local runner; use always(), "
-                            "!cancelled(), success() or failure()")
-    return _CONDITIONS[key]
+    status, checks = [], []
+    for term in _split_or(m.group(1) if m else text, "&&"):
+        term = term.strip()
+        if term.replace(" ", "") in _CONDITIONS:
+            status.append(_CONDITIONS[term.replace(" ", "")])
+            continue
+        c = _CHECK.fullmatch(term)
+        if c is None:
+            raise WorkflowError(f"{where}: if: {raw!r} is not supported by the local runner; use always(), "
+                                "!cancelled(), success() or failure(), optionally joined with && to "
+                                "steps.<id>.outcome/conclusion/outputs.<name> == or != 'text'")
+        if c.group(1) not in earlier:
+            raise WorkflowError(f"{where}: if: {raw!r} reads steps.{c.group(1)}, which must be the id of an "
+                                f"earlier step of the job, one of {', '.join(earlier) or '(none)'}; add `id:` there")
+        field_name = "outputs." + c.group(3) if c.group(3) else "outcome"
+        checks.append(Check(c.group(1), field_name, c.group(4), c.group(5).replace("''", "'")))
+    if len(status) > 1:
+        raise WorkflowError(f"{where}: if: {raw!r} must name at most one status function, got {len(status)}")
+    return (status or ["success"])[0], tuple(checks)
 
 
 def job_steps(doc: Mapping[Any, Any], job: str, resolver: Resolver) -> list[Step]:
@@ -208,7 +258,7 @@ def job_steps(doc: Mapping[Any, Any], job: str, resolver: Resolver) -> list[Step
     spec = jobs[job] or {}
     shell = ((spec.get("defaults") or {}).get("run") or {}).get("shell")
     base_env = {**(doc.get("env") or {}), **(spec.get("env") or {})}
-    steps = []
+    steps: list[Step] = []
     for number, raw in enumerate(spec.get("steps") or [], 1):
         if not isinstance(raw, dict):
             raise WorkflowError(f"job {job}: step {number} must be a mapping, got {raw!r}")
@@ -217,9 +267,10 @@ def job_steps(doc: Mapping[Any, Any], job: str, resolver: Resolver) -> list[Step
             raise WorkflowError(f"step {name!r}: shell {raw.get('shell', shell)!r} is not supported; use bash")
         env = {k: resolver.text(v) for k, v in {**base_env, **(raw.get("env") or {})}.items()}
         wd = raw.get("working-directory", ((spec.get("defaults") or {}).get("run") or {}).get("working-directory"))
-        steps.append(Step(number, name, raw.get("run"), raw.get("uses"), env,
-                          _condition(raw.get("if"), f"step {name!r}"),
-                          resolver.text(wd) if wd is not None else None))
+        status, checks = _condition(raw.get("if"), f"step {name!r}", [s.id for s in steps if s.id])
+        steps.append(Step(number, name, raw.get("run"), raw.get("uses"), env, status,
+                          resolver.text(wd) if wd is not None else None, raw.get("id"), checks,
+                          str(raw.get("if")).strip() if checks else ""))
     return steps
 
 
@@ -247,6 +298,7 @@ def _read_env_file(path: Path) -> dict[str, str]:
 
 def _step_env(step: Step, state: Mapping[str, Path], cwd: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in TOKENS}
+    env.setdefault(HISTORY_ENV, str(cwd / HISTORY_DEFAULT))
     env.update(_read_env_file(state["GITHUB_ENV"]))
     added = [p for p in state["GITHUB_PATH"].read_text(encoding="utf-8").splitlines() if p.strip()]
     if added:
@@ -257,12 +309,15 @@ def _step_env(step: Step, state: Mapping[str, Path], cwd: Path) -> dict[str, str
     return env
 
 
-def _should_run(condition: str, *, failed: bool) -> bool:
-    return condition == "always" or (failed if condition == "failure" else not failed)
+def _should_run(step: Step, *, failed: bool, results: Mapping[str, Mapping[str, Any]]) -> bool:
+    status = step.condition == "always" or (failed if step.condition == "failure" else not failed)
+    return status and all(c.holds(results) for c in step.checks)
 
 
 def _describe(step: Step, total: int, out: TextIO) -> None:
     when = {"success": "", "always": " [if: always]", "failure": " [if: failure]"}[step.condition]
+    if step.checks:
+        when = f" [if: {step.condition_text}]"
     if step.uses:
         name = "" if step.name == step.uses else f"{step.name}: "
         print(f"[{step.number}/{total}] {name}uses {step.uses} (GitHub only, not run here){when}", file=out)
@@ -301,23 +356,34 @@ def run_job(path: str | os.PathLike[str], job: str, *, inputs: Mapping[str, str]
     for p in state.values():
         p.write_text("", encoding="utf-8")
     outcomes: list[Outcome] = []
+    results: dict[str, dict[str, Any]] = {}  # step id -> {"outcome": ..., "outputs": {...}}
     failed_rc, start = 0, time.perf_counter()
     for step in steps:
         out.flush()
         _describe(step, len(steps), out)
         if step.uses or step.run is None:
             outcomes.append(Outcome(step, "GitHub only"))
+            if step.id:  # its files are already here, as if it had run
+                results[step.id] = {"outcome": "success", "outputs": {}}
             continue
-        if not _should_run(step.condition, failed=bool(failed_rc)):
-            print("  -> not run (" + ("an earlier step failed)" if failed_rc else "no step failed)"), file=out)
+        if not _should_run(step, failed=bool(failed_rc), results=results):
+            why = "an earlier step failed" if failed_rc and step.condition == "success" else (
+                "no step failed" if step.condition == "failure" and not failed_rc else "its if: is false")
+            print(f"  -> not run ({why})", file=out)
             outcomes.append(Outcome(step, "not run"))
+            if step.id:
+                results[step.id] = {"outcome": "skipped", "outputs": {}}
             continue
         out.flush()
         t0 = time.perf_counter()
         wd = cwd / step.working_directory if step.working_directory else cwd
+        state["GITHUB_OUTPUT"].write_text("", encoding="utf-8")  # each step writes its own outputs
         rc = subprocess.run([*SHELL, step.run], env=_step_env(step, state, cwd), cwd=wd).returncode
         outcome = Outcome(step, "ok" if rc == 0 else "failed", rc, time.perf_counter() - t0)
         outcomes.append(outcome)
+        if step.id:
+            results[step.id] = {"outcome": "success" if rc == 0 else "failure",
+                                "outputs": _read_env_file(state["GITHUB_OUTPUT"])}
         print(f"  -> {outcome.status if rc == 0 else f'FAILED (exit {rc})'} in {outcome.seconds:.1f} s", file=out)
         failed_rc = failed_rc or rc
     _summary(path, job, outcomes, time.perf_counter() - start, failed_rc, state, out)

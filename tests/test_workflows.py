@@ -115,7 +115,8 @@ def test_permissions_triggers_pins_and_timeouts(path: Path) -> None:
         assert "permissions" in job, f"job {name} must set its own permissions"
         assert isinstance(job.get("timeout-minutes"), int), f"job {name} needs timeout-minutes"
         writes = {k for k, v in job["permissions"].items() if v == "write"}
-        expected = {"contents", "pull-requests"} if (path, name) == (GPU, "decide") else set()
+        # decide: the threshold branch and nsa-history (contents), the threshold PR, the regression issue.
+        expected = {"contents", "pull-requests", "issues"} if (path, name) == (GPU, "decide") else set()
         assert writes == expected, f"job {name} may write {expected or 'nothing'}, got {writes}"
         for step in job["steps"]:
             if "uses" in step:
@@ -140,7 +141,7 @@ def test_gpu_workflow_shape() -> None:
     assert set(on) == {"workflow_dispatch", "schedule"}, "no code from forks on the GPU runner"
     inputs = on["workflow_dispatch"]["inputs"]
     assert {k: (v["type"], v["default"]) for k, v in inputs.items()} == {
-        "suites": ("string", "fa2,triton,calibration"), "size": ("choice", "nightly"), "margin": ("string", "1.2"),
+        "suites": ("string", NIGHTLY_SUITES), "size": ("choice", "nightly"), "margin": ("string", "1.2"),
         "dry_run": ("boolean", False), "runner_label": ("string", "sm90")}
     assert inputs["size"]["options"] == list(SIZES)
     gpu, decide = doc["jobs"]["gpu"], doc["jobs"]["decide"]
@@ -155,11 +156,59 @@ def test_gpu_workflow_shape() -> None:
     assert gpu_runs[2:4] == ["make test-gpu-smoke", "make test-fa2-parity"]
     assert gpu_runs[4].startswith("python -m bench run ") and "--device cuda" in gpu_runs[4]
     decide_runs = [c.split()[:4] for w, j, c, _ in RUN_STEPS if w == GPU.name and j == "decide"]
-    assert [c[3] for c in decide_runs[1:]] == ["decide", "report", "pr"]
+    assert [c[3] for c in decide_runs[1:]] == ["decide", "history", "report", "pr"]
     pr_env = next(s for s in decide["steps"] if "ci pr" in str(s.get("run")))["env"]
     assert pr_env["GITHUB_TOKEN"] == "${{ secrets.NSA_BOT_TOKEN || github.token }}"
     labels = yaml.safe_load((REPO / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"]
     assert {"gpu", "sm90", "sm89", "sm80"} <= set(labels)
+
+
+NIGHTLY_SUITES = "fa2,triton,calibration,auto,fast,decode"
+
+
+def test_the_sweep_defaults_to_every_nightly_suite_on_dispatch_and_schedule() -> None:
+    doc = load(GPU)
+    sweep = next(s for s in doc["jobs"]["gpu"]["steps"] if "python -m bench run" in str(s.get("run")))
+    assert sweep["env"]["SUITES"] == f"${{{{ inputs.suites || '{NIGHTLY_SUITES}' }}}}"  # a schedule has no inputs
+    assert Resolver({}).text(sweep["env"]["SUITES"]) == NIGHTLY_SUITES
+    from bench.suites import SUITES
+
+    assert set(NIGHTLY_SUITES.split(",")) <= set(SUITES)
+
+
+def _decide_steps() -> dict[str, dict[str, Any]]:
+    """The decide job's steps by their `python -m ci` subcommand (or their name for `uses:` steps)."""
+    steps = load(GPU)["jobs"]["decide"]["steps"]
+    return {(s["run"].split()[3] if str(s.get("run")).startswith("python -m ci ") else s["name"]): s
+            for s in steps}
+
+
+def test_history_runs_after_decide_and_gates_the_report_and_the_pr() -> None:
+    steps = _decide_steps()
+    order = list(steps)
+    assert order.index("decide") < order.index("history") < order.index("report") < order.index("pr")
+    decide, hist, rep, pr = steps["decide"], steps["history"], steps["report"], steps["pr"]
+    assert decide["id"] == "decide" and hist["id"] == "history"
+    # History also after a parity failure (decide exits 3 and still writes the decision).
+    assert hist["if"] == "${{ !cancelled() }}"
+    argv = shlex.split(hist["run"])
+    assert argv[4:] == ["--results", "out/gpu/results.json", "--decision", "out/decision.json",
+                        "--out-dir", "out/history"]
+    assert "--history-dir" not in argv, "on GitHub the history lives on the nsa-history branch"
+    assert hist["env"] == {"GITHUB_TOKEN": "${{ secrets.NSA_BOT_TOKEN || github.token }}",
+                           "NSA_PR_DRY_RUN": "${{ inputs.dry_run }}"}
+    # Report and PR run once history rewrote the decision (its `history` output), also after exit 4.
+    assert rep["if"] == "${{ !cancelled() && steps.history.outputs.history != '' }}"
+    assert pr["if"] == ("${{ !cancelled() && steps.decide.outcome == 'success' && "
+                        "steps.history.outputs.history != '' }}")
+    assert "--trends out/history/trends" in rep["run"] and "--previous" not in rep["run"]
+    assert "supersedes `ci report --previous`" in GPU.read_text(encoding="utf-8")
+
+
+def test_the_decide_job_uploads_history_with_the_report() -> None:
+    upload = next(s for s in load(GPU)["jobs"]["decide"]["steps"]
+                  if str(s.get("uses", "")).startswith("actions/upload-artifact@"))
+    assert upload["with"]["path"].split() == ["out/decision.json", "out/history/", "out/report/", "out/pr/"]
 
 
 def test_guard_is_the_first_step_that_runs_repository_code() -> None:

@@ -359,3 +359,30 @@ def test_a_chart_that_cannot_be_drawn_is_a_warning(tmp_path: Path, monkeypatch: 
     assert rc == 0 and "warning: trend charts not drawn (OSError: disk full)" in err
     report = json.loads((pipe.out_dir / "history.json").read_text())
     assert report["trends"] == [] and report["trends_error"] == "OSError: disk full" and report["error"] is None
+
+
+def test_nsa_history_dir_stands_in_for_history_dir(tmp_path: Path, fake: FakeGitHub,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A local replay (`make gpu-bench`) has no token: NSA_HISTORY_DIR is its store, the flag still wins,
+    and an empty value is no store at all."""
+    pipe = Pipeline(tmp_path, "none")
+    folder = tmp_path / "store"
+    for n in range(2):
+        path = pipe.results(hx.nightly(hx.H100_TRITON, n, gpu_name=H100, keep=LONG))
+        pipe.decide(path)
+        rc, out, _ = pipe.history(path, env={"GITHUB_OUTPUT": str(tmp_path / "github_output"),
+                                             history_cmd.HISTORY_DIR_ENV: str(folder)})
+        assert rc == 0 and f"history=added (dir:{folder}: " in out
+    assert len(list((folder / "history" / H100_SLUG).glob("*.json"))) == 2
+    decision = json.loads(pipe.decision.read_text())
+    assert decision["history"]["runs_used"][H100_SLUG] == [run_id(0), run_id(1)]
+
+    flag = tmp_path / "flag"
+    rc, out, _ = pipe.history(path, "--history-dir", str(flag), env={history_cmd.HISTORY_DIR_ENV: str(folder)})
+    assert rc == 0 and f"dir:{flag}" in out and (flag / "history" / H100_SLUG).is_dir()
+    rc, out, _ = pipe.history(path, env={history_cmd.HISTORY_DIR_ENV: "  "})
+    assert rc == 0 and "history=not saved (none: no --history-dir, no NSA_HISTORY_DIR" in out
+
+    with pytest.raises(SystemExit):
+        ci_main(["history", "--help"])
+    assert "$NSA_HISTORY_DIR" in capsys.readouterr().out

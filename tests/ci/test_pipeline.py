@@ -23,7 +23,7 @@ CONFIG = str(REPO / "configs" / "base.yaml")  # the live file: only the CPU swee
 
 @pytest.fixture(autouse=True)
 def _no_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("GITHUB_TOKEN", "GH_TOKEN", "NSA_PR_DRY_RUN", "GITHUB_OUTPUT"):
+    for name in ("GITHUB_TOKEN", "GH_TOKEN", "NSA_PR_DRY_RUN", "GITHUB_OUTPUT", "NSA_HISTORY_DIR"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(REPO)  # `python -m bench` runs from the repository root
 
@@ -32,13 +32,40 @@ def _results(tmp_path: Path, cases: list) -> str:
     return str(results.dump(fx.document(cases), tmp_path / "results.json"))
 
 
-def test_fixture_results_run_every_stage_and_dry_run_the_pr(tmp_path: Path, pristine_config: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    res = _results(tmp_path, fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
+def _night(tmp_path: Path, n: int, cases: list) -> str:
+    """Night `n`'s results: the same cases under a new run id and date (history keys runs by id)."""
+    doc = fx.document(cases, run_extra={"id": f"run-{n:04d}", "created_at": f"2025-03-{n:02d}T03:17:00Z"})
+    return str(results.dump(doc, tmp_path / f"results-{n}.json"))
+
+
+def test_three_nights_on_one_store_propose_once_the_change_lasted(tmp_path: Path, pristine_config: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Every stage, night after night, on one history store: the change becomes a proposal on night K=3."""
+    cases = fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048)
     out = tmp_path / "out"
+    per_class = {"g1": -1, "g2": -1, "g4": 2048, "g8": -1, "g16": -1}  # only class g4 was measured
+    for n in (1, 2):
+        res = _night(tmp_path, n, cases)
+        assert main(["pipeline", "--results", res, "--config", str(pristine_config), "--out-dir", str(out)]) == 0
+        text = capsys.readouterr().out
+        decision = json.loads((out / "decision.json").read_text())
+        win = decision["branches"]["win"]
+        assert win["proposed"] == -1 and not win["changed"]  # held back: nothing new is proposed
+        assert f"only {n} of 3 runs so far" in win["classes"]["g4"]["reason"]
+        assert decision["history"]["runs_used"]["nvidia-h100-80gb-hbm3"] == [f"run-{i:04d}" for i in range(1, n + 1)]
+        assert decision["history"]["store"] == f"dir:{out / 'history-store'}"
+        assert "  history ok" in text and f"added in {out / 'history-store'}; {n} run(s) of this GPU model" in text
+        assert json.loads((out / "pr" / "pr.json").read_text())["outcome"] == "dry-run"
+        assert (out / "pr" / "config.diff").read_text().strip() == ""
+        assert "thresholds (sm90, NVIDIA H100 80GB HBM3): win -1 (unchanged)" in text
+    report = (out / "report" / "report.md").read_text()
+    assert "## History and trends" in report and "only 2 of 3 runs so far" in report
+    assert sorted(p.name for p in (out / "history-store" / "history" / "nvidia-h100-80gb-hbm3").iterdir()) == [
+        "run-0001.json", "run-0002.json"]
+
+    res = _night(tmp_path, 3, cases)
     assert main(["pipeline", "--results", res, "--config", str(pristine_config), "--out-dir", str(out)]) == 0
     text = capsys.readouterr().out
-    per_class = {"g1": -1, "g2": -1, "g4": 2048, "g8": -1, "g16": -1}  # only class g4 was measured
     assert json.loads((out / "decision.json").read_text())["branches"]["win"]["proposed"] == per_class
     assert (out / "report" / "report.md").is_file() and (out / "report" / "speedup_win.png").is_file()
     pr = json.loads((out / "pr" / "pr.json").read_text())
@@ -52,6 +79,24 @@ def test_fixture_results_run_every_stage_and_dry_run_the_pr(tmp_path: Path, pris
         "-    fa2_min_len_win: -1", "+    fa2_min_len_win: {g1: -1, g2: -1, g4: 2048, g8: -1, g16: -1}"]
     assert f"report: {out / 'report' / 'report.md'}" in text
     assert "outcome dry-run" in text and text.rstrip().endswith("outcome: ok")
+
+
+def test_history_dir_comes_from_the_flag_then_the_environment(tmp_path: Path, pristine_config: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    args = _args(out_dir=str(tmp_path))
+    assert pipeline.history_dir(args, tmp_path) == str(tmp_path / "history-store")
+    monkeypatch.setenv("NSA_HISTORY_DIR", str(tmp_path / "env"))
+    assert pipeline.history_dir(args, tmp_path) == str(tmp_path / "env")
+    assert pipeline.history_dir(_args(history_dir=str(tmp_path / "flag")), tmp_path) == str(tmp_path / "flag")
+    res = _night(tmp_path, 1, fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
+    assert main(["pipeline", "--results", res, "--config", str(pristine_config), "--out-dir", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "env" / "history" / "nvidia-h100-80gb-hbm3" / "run-0001.json").is_file()
+    # --dry-run: nothing saved, the decision still rewritten.
+    res = _night(tmp_path, 2, fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048))
+    assert main(["pipeline", "--results", res, "--config", str(pristine_config), "--out-dir", str(tmp_path / "o"),
+                 "--dry-run"]) == 0
+    assert len(list((tmp_path / "env" / "history" / "nvidia-h100-80gb-hbm3").iterdir())) == 1
+    assert json.loads((tmp_path / "o" / "decision.json").read_text())["history"]["k"] == 3
 
 
 def test_dry_run_flag_wins_over_a_token(tmp_path: Path, pristine_config: Path,
@@ -74,6 +119,7 @@ def test_parity_failure_exits_3_reports_and_skips_the_pr(tmp_path: Path, pristin
     text = capsys.readouterr().out
     assert json.loads((out / "decision.json").read_text())["margin"] == 1.5
     assert (out / "report" / "report.md").is_file() and not (out / "pr").exists()
+    assert (out / "history" / "history.json").is_file() and "  history ok" in text
     assert "  decide  FAILED (exit 3)" in text and "  pr      skipped" in text and "decide failed" in text
     assert text.rstrip().endswith("outcome: failed at decide (exit 3)")
 
@@ -99,13 +145,20 @@ def test_size_auto_follows_the_probed_device(tmp_path: Path) -> None:
 
     cmd, device, size = pipeline.sweep_command(_args(), tmp_path / "r.json", probe("cuda"))
     assert (device, size) == ("cuda", "nightly")
-    assert cmd[1:] == ["-m", "bench", "run", "--suites", "fa2,triton,calibration", "--size", "nightly",
-                       "--device", "cuda", "--out", str(tmp_path / "r.json")]
-    assert pipeline.sweep_command(_args(), tmp_path / "r.json", probe("cpu"))[1:] == ("cpu", "smoke")
+    assert cmd[1:] == ["-m", "bench", "run", "--suites", "fa2,triton,calibration,auto,fast,decode", "--size",
+                       "nightly", "--device", "cuda", "--out", str(tmp_path / "r.json")]
+    cmd, device, size = pipeline.sweep_command(_args(), tmp_path / "r.json", probe("cpu"))
+    assert (device, size) == ("cpu", "smoke") and cmd[5] == "fa2,triton,calibration"  # CPU smoke stays short
     explicit = _args(size="full", device="cuda", bench_args="--gpus 2 --rep 50")
     cmd, device, size = pipeline.sweep_command(explicit, tmp_path / "r.json", probe("never"))
     assert probed == ["cuda", "cpu"] and (device, size) == ("cuda", "full")
-    assert cmd[-4:] == ["--gpus", "2", "--rep", "50"]
+    assert cmd[-4:] == ["--gpus", "2", "--rep", "50"] and cmd[5] == "fa2,triton,calibration,auto,fast,decode"
+    # An explicit size with device auto probes only to pick the suites; explicit suites are kept as given.
+    assert pipeline.sweep_command(_args(size="nightly"), tmp_path / "r.json", probe("cpu"))[0][5] == \
+        "fa2,triton,calibration"
+    assert pipeline.sweep_command(_args(size="smoke", device="cuda"), tmp_path / "r.json", probe("never"))[0][5] == \
+        "fa2,triton,calibration"
+    assert pipeline.sweep_command(_args(size="full", suites="fa2"), tmp_path / "r.json", probe("never"))[0][5] == "fa2"
     assert pipeline.sweep_command(_args(device="cpu"), tmp_path / "r.json", probe("never"))[1:] == ("cpu", "smoke")
 
 

@@ -196,3 +196,39 @@ def test_bad_decision_files_are_explained(tmp_path: Path) -> None:
     broken.write_text(json.dumps({"schema": decide.SCHEMA, "branches": {}}), encoding="utf-8")
     with pytest.raises(report.ReportError, match="lacks a field the report needs"):
         report.write_report(broken, tmp_path / "out")
+
+
+def _with_history(decision: dict[str, Any]) -> dict[str, Any]:
+    """The golden decision as `ci history` leaves it: one flagged regression, one change held back."""
+    row = {"id": "fa2/sliding/fa2/B1-T8192-Hq8-Hkv2-D64-w512-bf16", "suite": "fa2", "op": "sliding",
+           "backend": "flash_attn", "now_ms": 1.5, "baseline_ms": 1.0, "ratio": 1.5, "low": 1.3, "high": 1.7,
+           "flag": "regression", "method": "samples", "dense_id": None, "baseline_runs": ["r1", "r2", "r3"]}
+    e = decision["decisions"][0]
+    return {**decision,
+            "history": {"k": 3, "model": "nvidia-h100-80gb-hbm3", "run": "run-0001", "store": "dir:out/history-store",
+                        "runs_used": {"nvidia-h100-80gb-hbm3": ["run-0001"]},
+                        "evidence": [{"key": e["key"], "class": e["class"], "measured": 2048, "held": False,
+                                      "evidence": [{"model": "nvidia-h100-80gb-hbm3", "run": "run-0001",
+                                                    "measured": 2048}]}]},
+            "regressions": {"margin": 0.1, "k": 3, "rows": [row], "flagged": [row["id"]]}}
+
+
+def test_history_regressions_lead_and_trends_are_embedded(tmp_path: Path) -> None:
+    decision = _with_history(golden_decision())
+    text = report.render_report(decision, trend_files=["trend_prefill_T16384.png"])
+    assert text.index("## Regressions") < text.index("## Failed cells") < text.index("## History and trends")
+    assert "| `fa2/sliding/fa2/B1-T8192-Hq8-Hkv2-D64-w512-bf16` | 1.5 | 1 | 1.50x [1.30, 1.70] |" in text
+    assert "Store: `dir:out/history-store`" in text and "![trend_prefill_T16384.png](trend_prefill_T16384.png)" in text
+    summary = report.render_summary(decision)
+    assert summary.index("**1 regression(s)**") < summary.index("| branch |")
+    assert "1 change(s) held back, 1 case(s) compared" in summary
+    # write_report copies the trend charts beside report.md; an absent folder is no charts.
+    path = decide.write_decision(decision, tmp_path / "decision.json")
+    trends = tmp_path / "history" / "trends"
+    trends.mkdir(parents=True)
+    (trends / "trend_decode_T65536.png").write_bytes(b"\x89PNG fake")
+    written = report.write_report(path, tmp_path / "report", trends_dir=trends)
+    assert (tmp_path / "report" / "trend_decode_T65536.png").read_bytes() == b"\x89PNG fake"
+    assert "trend_decode_T65536.png" in {p.name for p in written}
+    report.write_report(path, tmp_path / "report2", trends_dir=tmp_path / "none")
+    assert "No trend charts" in (tmp_path / "report2" / "report.md").read_text()

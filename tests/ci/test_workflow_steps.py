@@ -103,10 +103,11 @@ def test_dry_run_of_the_gpu_job_prints_commands_and_runs_nothing(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     assert main(["workflow-steps", str(GPU_WORKFLOW), "--job", "gpu", "--dry-run", "--input", "size=smoke"]) == 0
     text = capsys.readouterr().out
-    assert "inputs: suites=fa2,triton,calibration size=smoke margin=1.2 dry_run=false runner_label=sm90" in text
+    assert ("inputs: suites=fa2,triton,calibration,auto,fast,decode size=smoke margin=1.2 dry_run=false "
+            "runner_label=sm90") in text
     assert "  $ make ci-env\n" in text and "  $ make test-fa2-parity\n" in text
     assert '  $ python -m bench run --suites "$SUITES" --size "$SIZE"' in text
-    assert "env: SUITES=fa2,triton,calibration SIZE=smoke" in text
+    assert "env: SUITES=fa2,triton,calibration,auto,fast,decode SIZE=smoke" in text
     assert "uses actions/upload-artifact@" in text and "[if: always]" in text
     assert list(tmp_path.iterdir()) == []
 
@@ -117,6 +118,82 @@ def test_decide_job_dry_run_resolves_the_token_to_empty(capsys: pytest.CaptureFi
     text = capsys.readouterr().out
     assert "env: GITHUB_TOKEN='' NSA_PR_DRY_RUN=true" in text and "env: MARGIN=''" in text
     assert '--summary-to "$GITHUB_STEP_SUMMARY"' in text
+    assert "History (lasting changes, regressions, trends) [if: always]" in text
+    assert "[if: ${{ !cancelled() && steps.history.outputs.history != '' }}]" in text
+
+
+OUTPUTS = """\
+on: push
+jobs:
+  j:
+    runs-on: x
+    steps:
+      - id: decide
+        run: exit 3
+      - id: history
+        if: ${{ !cancelled() }}
+        run: echo "history=added" >> "$GITHUB_OUTPUT" && echo "$NSA_HISTORY_DIR" > store.txt && exit 4
+      - id: quiet
+        if: ${{ !cancelled() }}
+        run: echo none
+      - name: report
+        if: ${{ !cancelled() && steps.history.outputs.history != '' }}
+        run: touch report.txt
+      - name: pr
+        if: ${{ !cancelled() && steps.decide.outcome == 'success' && steps.history.outputs.history != '' }}
+        run: touch pr.txt
+      - name: quiet output
+        if: ${{ always() && steps.quiet.outputs.history == '' && steps.history.outcome == 'failure' }}
+        run: touch quiet.txt
+      - name: after failure
+        if: steps.decide.outcome == 'failure'
+        run: touch never.txt
+"""
+
+
+def test_if_reads_earlier_steps_outcomes_and_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decide job's gates: report after history wrote its output, PR only when decide passed too."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(ws.HISTORY_ENV, raising=False)
+    wf = tmp_path / "wf.yml"
+    wf.write_text(OUTPUTS, encoding="utf-8")
+    out = io.StringIO()
+    assert ws.run_job(wf, "j", out=out) == 3
+    assert (tmp_path / "report.txt").exists() and (tmp_path / "quiet.txt").exists()
+    assert not (tmp_path / "pr.txt").exists() and not (tmp_path / "never.txt").exists()
+    assert "  -> not run (its if: is false)" in out.getvalue()
+    assert "  -> not run (an earlier step failed)" in out.getvalue()
+    # The local stand-in for the nsa-history branch: one folder, the same for every replay here.
+    assert (tmp_path / "store.txt").read_text().strip() == str(tmp_path / "out" / "history-store")
+    monkeypatch.setenv(ws.HISTORY_ENV, str(tmp_path / "mine"))
+    wf.write_text(OUTPUTS.replace("exit 3", "exit 0"), encoding="utf-8")
+    assert ws.run_job(wf, "j", out=io.StringIO()) == 4
+    assert (tmp_path / "pr.txt").exists() and (tmp_path / "store.txt").read_text().strip() == str(tmp_path / "mine")
+
+
+@pytest.mark.parametrize("cond,message", [
+    ("${{ steps.later.outputs.x != '' }}", "reads steps.later, which must be the id of an earlier step"),
+    ("${{ always() && failure() }}", "must name at most one status function"),
+    ("${{ steps.a.outcome == success }}", "is not supported by the local runner"),
+])
+def test_unsupported_step_checks_are_refused(tmp_path: Path, cond: str, message: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    wf = tmp_path / "wf.yml"
+    wf.write_text(textwrap.dedent(f"""\
+        on: push
+        jobs:
+          j:
+            runs-on: x
+            steps:
+              - id: a
+                run: echo a
+              - if: "{cond}"
+                run: echo b
+              - id: later
+                run: echo c
+        """))
+    assert main(["workflow-steps", str(wf), "--job", "j", "--dry-run"]) == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,message", [
