@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ci import guard, pipeline, pr_cmd, workflow_steps
+from ci import guard
 from ci.args import InputError, check_out_dir, check_out_file, check_yaml_file, parse_margin
 
 # Stage modules that pull in numpy, PyYAML or Jinja (decide, report) are imported when their
@@ -114,16 +114,28 @@ register(Subcommand(
     "also gets its regressions (first) and a history section with the trend charts of --trends. "
     "Exit 0 ok, 2 bad input.",
     _report_args, _report_run))
-register(Subcommand("history", *__import__("ci.history_cmd", fromlist=["FIELDS"]).FIELDS))
-register(Subcommand("pr", pr_cmd.HELP, pr_cmd.DESCRIPTION, pr_cmd.add_arguments, pr_cmd.run))
-register(Subcommand("pipeline", pipeline.HELP, pipeline.__doc__ or "", pipeline.add_arguments,
-                    lambda args: pipeline.run(args, stage=main)))
 register(Subcommand("guard", guard.HELP, guard.__doc__ or "", guard.add_arguments, guard.run))
-register(Subcommand("workflow-steps", workflow_steps.HELP, workflow_steps.__doc__ or "",
-                    workflow_steps.add_arguments, workflow_steps.run))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _register_stages() -> None:
+    """The stages whose modules pull in PyYAML, numpy or PyGithub: registered on first use, so that
+    importing this module (and `python -m ci guard`) needs nothing installed."""
+    if "pipeline" in SUBCOMMANDS:
+        return
+    from ci import history_cmd, pipeline, pr_cmd, workflow_steps
+
+    register(Subcommand("history", *history_cmd.FIELDS))
+    register(Subcommand("pr", pr_cmd.HELP, pr_cmd.DESCRIPTION, pr_cmd.add_arguments, pr_cmd.run))
+    register(Subcommand("pipeline", pipeline.HELP, pipeline.__doc__ or "", pipeline.add_arguments,
+                        lambda args: pipeline.run(args, stage=main)))
+    register(Subcommand("workflow-steps", workflow_steps.HELP, workflow_steps.__doc__ or "",
+                        workflow_steps.add_arguments, workflow_steps.run))
+
+
+def build_parser(stages: bool = True) -> argparse.ArgumentParser:
+    """The CLI; `stages=False` registers only what needs nothing installed (decide/report import lazily, guard)."""
+    if stages:
+        _register_stages()
     parser = argparse.ArgumentParser(prog="python -m ci", description=__doc__.splitlines()[0])
     subs = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for sub in SUBCOMMANDS.values():
@@ -158,7 +170,8 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(stages=argv[:1] != ["guard"]).parse_args(argv)
     try:
         return args.run(args)
     except Exception as exc:

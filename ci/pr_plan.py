@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from ci import values
-from nsa import settings
 
 __all__ = [
     "BODY_LIMIT",
@@ -186,6 +185,8 @@ def validate_decision(doc: Any) -> None:
         shown = sorted(set(failed + parity))
         raise PlanError(f"decision must have no failed cells, got {len(shown)} ({', '.join(shown[:3])}"
                         f"{', ...' if len(shown) > 3 else ''}); {fix}")
+    from nsa import settings  # PyYAML: imported here, so `python -m ci guard` needs nothing installed
+
     for name, b in _branches(doc).items():
         try:
             settings.threshold(b["proposed"], f"decision.branches.{name}.proposed")
@@ -196,6 +197,12 @@ def validate_decision(doc: Any) -> None:
                             f"changed {b['changed']} with {b['current']} -> {b['proposed']}; {fix}")
         classes = b.get("classes")
         entries = classes.values() if isinstance(classes, Mapping) else [b]
+        if isinstance(classes, Mapping) and classes:
+            per_class = {c: e.get("proposed") for c, e in classes.items() if isinstance(e, Mapping)}
+            whole = next(iter(set(per_class.values()))) if len(set(per_class.values())) == 1 else per_class
+            if b["proposed"] != whole:
+                raise PlanError(f"decision.branches.{name}.proposed must be what its classes propose ({whole}), got "
+                                f"{b['proposed']}; {fix}")
         for e in entries:
             where = f"decision.branches.{name}" + (f".classes.{e.get('class')}" if classes else "")
             lengths = e.get("lengths")

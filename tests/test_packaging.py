@@ -96,7 +96,7 @@ def test_an_installed_package_decides_and_reports_from_another_folder(wheel: Pat
     assert all(line.startswith(str(site)) for line in lines), lines
     decided = run("-m", "ci", "decide", "--results", "results.json", "--out", "decision.json")
     assert decided.returncode == 0, decided.stderr
-    assert json.loads((work / "decision.json").read_text())["schema"] == "nsa-decision/1"
+    assert json.loads((work / "decision.json").read_text())["schema"] == "nsa-decision/2"
     reported = run("-m", "ci", "report", "--decision", "decision.json", "--out-dir", "report")
     assert reported.returncode == 0, reported.stderr
     assert (work / "report" / "report.md").is_file()

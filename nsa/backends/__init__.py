@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -80,14 +81,15 @@ def _module(name: str) -> ModuleType:
 def resolve(name: str, device: torch.device | str | None = None) -> str:
     """Resolve the alias `fa2`: the flash-attn package when importable, else torch's vendored FA-2."""
     if name == "fa2":
-        return _fa2_for(torch.device(device).type if device is not None else None)
+        # Keyed by what sys.modules holds for flash_attn, so a module installed later (tests) counts.
+        return _fa2_for(torch.device(device).type if device is not None else None, id(sys.modules.get("flash_attn")))
     if name not in _TABLE:
         module(name)  # raises with the valid names
     return name
 
 
 @functools.cache
-def _fa2_for(device_type: str | None) -> str:
+def _fa2_for(device_type: str | None, _flash_attn_id: int) -> str:
     # Asked once or twice per NSA call: whether flash-attn imports does not change within a process.
     return "flash_attn" if module("flash_attn").unavailable_reason(device_type) is None else "torch_fa2"
 

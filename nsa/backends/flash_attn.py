@@ -11,6 +11,7 @@ Memory: the padded bucket copy of q, `O(B*T*Hq*dk)`.
 from __future__ import annotations
 
 import importlib
+import sys
 from types import ModuleType
 
 import torch
@@ -22,6 +23,8 @@ _IMPORT_ERROR: list[BaseException] = []
 
 
 def _lib() -> ModuleType:
+    if "flash_attn" in sys.modules:  # imported before (or set in sys.modules: None blocks it)
+        return importlib.import_module("flash_attn")
     # A failed import is not cached by Python: each retry searches sys.path again (~35 us, once or
     # twice per NSA call through `resolve("fa2")`). Installing flash-attn needs a new process anyway.
     if _IMPORT_ERROR:

@@ -23,6 +23,7 @@ from ci import history, history_cmd
 from ci.__main__ import build_parser
 from ci.__main__ import main as ci_main
 from ci.github import connect
+from tests.ci import fixtures as fx
 from tests.ci import history_fixtures as hx
 from tests.ci.fake_github import FakeGitHub
 
@@ -31,7 +32,7 @@ H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 H100_SLUG, H200_SLUG = history.gpu_slug(H100), history.gpu_slug(H200)
 SEL = ("triton/selected/",)  # the selection kernel's 42 cases: sel g4 measures 256 on the H100 file
 LONG = ("-T8192-", "-T16384-")  # 18 long cases: the regression replay (the bootstrap is the slow part)
-SLOW = "triton/selected/triton/B1-T8192-Hq8-Hkv2-D64-l32-d16-ls64-n16-bf16"
+SLOW = "triton/selected/triton/B1-T8192-Hq8-Hkv2-D64-l32-d16-ls64-n16-partbranch-bf16"
 SMOKE = hx.ROOT / "results/h200x2/shard-smoke.json"
 
 
@@ -64,12 +65,21 @@ class Pipeline:
         path.write_text(json.dumps(doc), encoding="utf-8")
         return path
 
+    @property
+    def config(self) -> Path:
+        """configs/base.yaml with every threshold at -1: the live values must not shape these replays."""
+        path = self.tmp / "configs" / "base.yaml"
+        if not path.exists():
+            fx.write_pristine_config(path)
+        return path
+
     def decide(self, results: Path) -> None:
-        assert ci_main(["decide", "--results", str(results), "--out", str(self.decision)]) in (0, 3)
+        assert ci_main(["decide", "--results", str(results), "--config", str(self.config),
+                        "--out", str(self.decision)]) in (0, 3)
 
     def history(self, results: Path, *extra: str, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
         argv = ["history", "--results", str(results), "--decision", str(self.decision),
-                "--out-dir", str(self.out_dir), *extra]
+                "--out-dir", str(self.out_dir), "--config", str(self.config), *extra]
         if self.store == "dir":
             argv += ["--history-dir", str(self.tmp / "store")]
         args = build_parser().parse_args(argv)

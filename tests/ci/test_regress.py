@@ -15,7 +15,7 @@ from tests.ci import history_fixtures as hx
 from tests.ci.fake_github import FakeGitHub
 
 TOKEN = "ghs_FAKE0123456789abcdefTRACKING"
-SLOW = "triton/selected/triton/B1-T8192-Hq8-Hkv2-D64-l32-d16-ls64-n16-bf16"
+SLOW = "triton/selected/triton/B1-T8192-Hq8-Hkv2-D64-l32-d16-ls64-n16-partbranch-bf16"
 GPU = "NVIDIA H100 80GB HBM3"
 NSA = ("decode/nsa_decode/triton/B8-T65536-Hq64-Hkv4-D128-w512-l32-d16-ls64-n16-branchescmp-dim2560-"
        "graphTrue-nsa_backendtriton-bf16")
