@@ -21,6 +21,11 @@ MHA128 = {"B": 1, "Hq": 16, "Hkv": 16, "Dk": 128, "Dv": 128}
 BATCH4 = {"B": 4, "Hq": 8, "Hkv": 2, "Dk": 64, "Dv": 64}
 PAPER = {"B": 1, "Hq": 64, "Hkv": 4, "Dk": 128, "Dv": 128}
 SMOKE = {"B": 1, "Hq": 4, "Hkv": 2, "Dk": 64, "Dv": 64}
+# With GQA64 (g4) and MHA128 (g1): one layout per shape class (nsa.keys.class_of), so each class's
+# thresholds come from its own cells.
+G2 = {"B": 1, "Hq": 16, "Hkv": 8, "Dk": 64, "Dv": 64}
+G8 = {"B": 1, "Hq": 16, "Hkv": 2, "Dk": 64, "Dv": 64}
+G16 = {"B": 1, "Hq": 32, "Hkv": 2, "Dk": 64, "Dv": 64}
 
 NIGHTLY_T = (256, 512, 1024, 2048, 4096, 8192, 16384)
 FULL_T = NIGHTLY_T + (32768, 65536)
@@ -42,7 +47,7 @@ SPECS = (
         "full": product(layout=(GQA64, MHA128), T=FULL_T, window=(512,), dtype=BF16),
     }),
     CaseSpec("sliding", NO_FLEX, {
-        "nightly": (product(layout=(MHA128, BATCH4), T=NIGHTLY_T, window=(512,), dtype=BF16)
+        "nightly": (product(layout=(MHA128, BATCH4, G2, G8, G16), T=NIGHTLY_T, window=(512,), dtype=BF16)
                     + product(layout=(GQA64,), T=(1024, 4096, 16384), window=(128, 1024), dtype=BF16)),
         "full": (product(layout=(PAPER,), T=FULL_T, window=(512,), dtype=BF16)
                  + product(layout=(GQA64, MHA128), T=FULL_T, window=(512,), dtype=("fp16",))

@@ -24,7 +24,7 @@ H100 (an estimate from the H200 timings in results/h200, not a measurement of th
 from __future__ import annotations
 
 from bench.cases import CaseSpec, Cell, Variant, Workload, product
-from bench.suites.fa2 import BATCH4, BF16, FULL_T, GQA64, MHA128, NIGHTLY_T, PAPER
+from bench.suites.fa2 import BATCH4, BF16, FULL_T, G2, G8, G16, GQA64, MHA128, NIGHTLY_T, PAPER
 
 VARIANTS = (Variant("sdpa", "baseline"), Variant("triton"))
 CMP_PAPER = {"block": 32, "stride": 16}
@@ -47,9 +47,6 @@ def _with(layouts, knobs):
 
 # One layout per shape class (nsa.keys.class_of: GQA group size 1, 2, 4, 8, 16+), so every class
 # decides from its own cells; plus a batch of 4 in class g4.
-G2 = {"B": 1, "Hq": 16, "Hkv": 8, "Dk": 64, "Dv": 64}
-G8 = {"B": 1, "Hq": 16, "Hkv": 2, "Dk": 64, "Dv": 64}
-G16 = {"B": 1, "Hq": 32, "Hkv": 2, "Dk": 64, "Dv": 64}
 CLASS_LAYOUTS = (MHA128, G2, GQA64, G8, G16, BATCH4)
 # 256 tokens is launch-bound on every GPU measured (both sides under decide.time_floor_ms).
 CLASS_T = NIGHTLY_T[1:]
