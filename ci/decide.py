@@ -253,14 +253,18 @@ def measured_threshold(lengths: Sequence[tuple[int, str]], margin: float,
 
 
 def _class_entry(branch: Branch, cls: str, cells: Sequence[Cell], cfg: DecideConfig, profile: str,
-                 unavailable: str) -> dict[str, Any]:
-    """One (key, class) decision: lengths, measured threshold and the proposal against the value in force."""
+                 unavailable: str, launch_bound: Sequence[int] = ()) -> dict[str, Any]:
+    """One (key, class) decision: lengths, measured threshold and the proposal against the value in force.
+    `launch_bound`: lengths whose cells were all under the time floor (they decide nothing)."""
     current, source = cfg.current(profile, branch.key, cls)
     by_t: dict[int, list[Cell]] = {}
     for c in cells:
         by_t.setdefault(c.T, []).append(c)
     lengths = [{"T": t, "class": cls, "verdict": length_verdict(c.verdict for c in by_t[t]),
                 "cells": [c.id for c in by_t[t]]} for t in sorted(by_t)]
+    deciding = [(x["T"], x["verdict"]) for x in lengths]
+    lengths = sorted(lengths + [{"T": t, "class": cls, "verdict": "launch-bound", "cells": []} for t in launch_bound],
+                     key=lambda x: x["T"])
     longest = max(branch.decl.nightly_lengths)
     missing = [longest] if cells and longest not in by_t else []
     if unavailable:
@@ -274,8 +278,8 @@ def _class_entry(branch: Branch, cls: str, cells: Sequence[Cell], cfg: DecideCon
                   f"{longest} is untested in class {cls}; tested {_join(sorted(by_t))}); a smoke or partial run "
                   "never proposes")
     else:
-        measured, why = measured_threshold([(x["T"], x["verdict"]) for x in lengths], cfg.margin,
-                                           branch.family.label)
+        measured, why = measured_threshold(deciding, cfg.margin, branch.family.label)
+        measured, why = _below_the_floor(measured, why, sorted(by_t), launch_bound, branch.family.label)
         if measured is None:
             reason = f"keeping {current}: {why}"
         elif measured == current:
@@ -288,6 +292,25 @@ def _class_entry(branch: Branch, cls: str, cells: Sequence[Cell], cfg: DecideCon
             "proposed": proposed, "changed": proposed != current, "reason": reason, "lengths": lengths}
 
 
+def _below_the_floor(measured: int | None, why: str, deciding: Sequence[int], launch_bound: Sequence[int],
+                     label: str) -> tuple[int | None, str]:
+    """Extend an adopted threshold down over the launch-bound lengths just below it.
+
+    Their timings decide nothing (launch overhead, not the kernel, ranks the two sides there), so
+    they can neither adopt nor reject; where every deciding length from the threshold up adopted,
+    the candidate keeps the lengths below it down to the next deciding length. In the whole NSA
+    call those lengths are not launch-bound, and the H100 auto suite measured the masked-SDPA
+    window 1.1-1.3x slower there (results/h100/sm90-classes)."""
+    if measured is None or measured < 0:
+        return measured, why
+    below = max((t for t in deciding if t < measured), default=-1)
+    extend = [t for t in launch_bound if below < t < measured]
+    if not extend:
+        return measured, why
+    return min(extend), (f"{why}; extended down to {min(extend)} over the launch-bound lengths "
+                         f"{_join(sorted(extend))}, where timings decide nothing and {label} won above")
+
+
 def written_value(per_class: Mapping[str, int]) -> int | dict[str, int]:
     """One int when every class agrees, else a mapping naming every class (the YAML form)."""
     values = set(per_class.values())
@@ -298,7 +321,11 @@ def decide_branch(branch: Branch, cells: Sequence[Cell], cfg: DecideConfig, prof
                   unavailable: str) -> dict[str, Any]:
     """One key's entry: a decision per class, and the value to write (int, or per-class mapping)."""
     used = [c for c in cells if c.branch == branch.name and c.used_for_decision]
-    classes = {cls: _class_entry(branch, cls, [c for c in used if c.cls == cls], cfg, profile, unavailable)
+    floor = {cls: sorted({c.T for c in cells if c.branch == branch.name and c.cls == cls
+                          and c.note.startswith("launch-bound")} - {c.T for c in used if c.cls == cls})
+             for cls in keys.CLASSES}
+    classes = {cls: _class_entry(branch, cls, [c for c in used if c.cls == cls], cfg, profile, unavailable,
+                                 floor[cls])
                for cls in keys.CLASSES}
     current = written_value({c: e["current"] for c, e in classes.items()})
     proposed = written_value({c: e["proposed"] for c, e in classes.items()})
