@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import os
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +48,7 @@ _recorder: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.Con
     "nsa_dispatch_recorder", default=None)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: it keys its own plan cache
 class Thresholds:
     """The thresholds in force for one profile: the config plus overrides, per class on demand."""
 
@@ -110,7 +112,13 @@ def device_profile(device: torch.device | str | None) -> str:
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type != "cuda":
         return "cpu"
-    major, minor = torch.cuda.get_device_capability(device)
+    return _cuda_profile(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_profile(index: int) -> str:
+    # Asked on every auto call; a device's capability never changes within a process.
+    major, minor = torch.cuda.get_device_capability(index)
     return f"sm{major}{minor}"
 
 
@@ -251,6 +259,43 @@ def plan(calls: dict[str, AttnCall], requested: str | dict[str, str] = "auto", t
     device = any_call.q.device
     if t is None and device.type == "cuda":
         t = thresholds(device)
+    # A prefill of one shape, or a decode step at one length, asks the same question every call:
+    # the answer is cached per thresholds object (the checks below cost ~50 us of Python, which
+    # at 1k tokens is ~10% of an H100 NSA call).
+    memo = _PLANS.setdefault(t, {}) if t is not None else None
+    key = (_request_key(requested), tuple((b, _call_key(c)) for b, c in calls.items()))
+    if memo is not None and key in memo:
+        return _recorded(memo[key])
+    result = _plan(calls, requested, t, any_call, device)
+    if memo is not None:
+        if len(memo) > 4096:
+            memo.clear()
+        memo[key] = result
+    return _recorded(result)
+
+
+_PLANS: weakref.WeakKeyDictionary[Thresholds, dict[tuple, Plan]] = weakref.WeakKeyDictionary()
+
+
+def _request_key(requested: str | dict[str, str]) -> tuple:
+    return (requested,) if isinstance(requested, str) else tuple(sorted(requested.items()))
+
+
+def _call_key(c: AttnCall) -> tuple:
+    """Everything of a call that a plan depends on (shapes, dtype, device, positions, knobs)."""
+    return (c.op, tuple(c.q.shape), tuple(c.k.shape), tuple(c.v.shape), c.q.dtype, c.k.dtype, c.q.device,
+            c.q_start, c.k_start, c.window, c.block, c.stride, c.sel_block)
+
+
+def _recorded(result: Plan) -> Plan:
+    for branch, bp in result.branches.items():
+        record(keys.BRANCH_OPS[branch], result.seq_len, bp.backend, bp.why)
+    record("nsa_plan", result.seq_len, result.label, f"class {result.cls}, profile {result.profile}")
+    return result
+
+
+def _plan(calls: dict[str, AttnCall], requested: str | dict[str, str], t: Thresholds | None, any_call: AttnCall,
+          device: torch.device) -> Plan:
     chosen: dict[str, BranchPlan] = {}
     for branch, call in calls.items():
         want = requested.get(branch, "auto") if isinstance(requested, dict) else requested
@@ -272,11 +317,7 @@ def plan(calls: dict[str, AttnCall], requested: str | dict[str, str] = "auto", t
             scores = "triton"
             if "cmp" in chosen and chosen["cmp"].backend != "triton" and _auto(requested, "cmp"):
                 chosen["cmp"] = BranchPlan("triton", "fused: the Triton selection scores yield the compressed output")
-    result = Plan(any_call.seq_len, call_class(any_call), t.profile if t else "cpu", chosen, scores)
-    for branch, bp in chosen.items():
-        record(keys.BRANCH_OPS[branch], result.seq_len, bp.backend, bp.why)
-    record("nsa_plan", result.seq_len, result.label, f"class {result.cls}, profile {result.profile}")
-    return result
+    return Plan(any_call.seq_len, call_class(any_call), t.profile if t else "cpu", chosen, scores)
 
 
 def _auto(requested: str | dict[str, str], branch: str) -> bool:
