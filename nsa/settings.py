@@ -35,7 +35,7 @@ DECIDE_FIELDS: dict[str, tuple[Any, Any, str]] = {
     "confidence": (0.95, lambda v: _number(v) and 0 < v < 1, "a number strictly between 0 and 1"),
     "history_runs": (3, lambda v: _int(v) and v >= 1, "an int >= 1 (runs a change must hold over)"),
     "history_keep": (30, lambda v: _int(v) and v >= 1, "an int >= 1 (runs kept per GPU model)"),
-    "time_floor_ms": (0.05, lambda v: _number(v) and math.isfinite(v) and v >= 0,
+    "time_floor_ms": (0.1, lambda v: _number(v) and math.isfinite(v) and v >= 0,
                       "a finite number >= 0 (ms; cells with both sides faster are launch-bound)"),
     "regression_margin": (0.1, lambda v: _number(v) and math.isfinite(v) and v > 0,
                           "a finite number > 0 (0.1: a slowdown must exceed 10%)"),

@@ -94,6 +94,14 @@ def test_an_installed_package_decides_and_reports_from_another_folder(wheel: Pat
     assert where.returncode == 0, where.stderr
     lines = where.stdout.split()
     assert all(line.startswith(str(site)) for line in lines), lines
+    # Dispatch reads the packaged defaults through the one loader (torch's CPU build is installed
+    # here; NSA_PROFILE keeps the call off CUDA queries).
+    thresholds = run("-c", "import os; os.environ['NSA_PROFILE'] = 'sm90'; from nsa import dispatch, settings; "
+                           "print(settings.default_path()); t = dispatch.thresholds(); "
+                           "print(t.lookup('triton_min_len_sel', 'g16'))")
+    assert thresholds.returncode == 0, thresholds.stderr
+    path_line, value_line = thresholds.stdout.strip().splitlines()[-2:]
+    assert path_line.startswith(str(site)) and "base.yaml:profiles.sm90.triton_min_len_sel" in value_line
     decided = run("-m", "ci", "decide", "--results", "results.json", "--out", "decision.json")
     assert decided.returncode == 0, decided.stderr
     assert json.loads((work / "decision.json").read_text())["schema"] == "nsa-decision/2"
