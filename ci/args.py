@@ -10,13 +10,30 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["InputError", "check_out_dir", "check_out_file", "check_text_file", "check_yaml_file", "parse_margin"]
+__all__ = ["DRY_RUN_ENV", "InputError", "check_out_dir", "check_out_file", "check_text_file", "check_yaml_file",
+           "env_dry_run", "parse_margin"]
+
+DRY_RUN_ENV = "NSA_PR_DRY_RUN"
+_TRUE, _FALSE = ("1", "true", "yes"), ("", "0", "false", "no")
 
 
 class InputError(ValueError):
     """A command-line value that cannot work; the message says how to fix it."""
+
+
+def env_dry_run(env: Mapping[str, str], error: type[Exception] = InputError) -> bool:
+    """NSA_PR_DRY_RUN: how a workflow's boolean input asks for a dry run (empty when unset, as on a
+    schedule); anything else raises `error` (each stage's own bad-input type)."""
+    value = env.get(DRY_RUN_ENV, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise error(f"{DRY_RUN_ENV} must be true or false (or empty), got {env[DRY_RUN_ENV]!r}; "
+                "pass the workflow's boolean input as is")
 
 
 def parse_margin(text: str) -> float | None:

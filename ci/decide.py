@@ -15,7 +15,6 @@ Everything here is pure except `load_config`, `decide_files` and `write_decision
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -113,10 +112,7 @@ class DecideConfig:
             loaded = settings.load_text(yaml.safe_dump(cfg, sort_keys=False), source)
         except settings.SettingsError as exc:
             raise DecideError(str(exc)) from None
-        chosen = loaded.decide["margin"] if margin is None else margin
-        if isinstance(chosen, bool) or not isinstance(chosen, (int, float)) or not math.isfinite(chosen) or chosen <= 0:
-            raise DecideError(f"margin must be a finite number > 0, got {chosen!r}; pass e.g. --margin 1.2")
-        return cls(float(chosen), loaded)
+        return cls(_margin(loaded, margin), loaded)
 
     def current(self, profile: str, key: str, cls: str) -> tuple[int, str]:
         """The threshold in force for `profile` and class `cls`, and where it comes from."""
@@ -139,34 +135,21 @@ class DecideConfig:
         return ""
 
 
-def parse_margin(text: str) -> float | None:
-    """A `--margin` value: a number, or empty for the config's decide.margin.
-
-    Empty is what an unset workflow input expands to (a scheduled run has no inputs), so the
-    workflow can always pass `--margin "$MARGIN"`.
-    """
-    if not text.strip():
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(
-            f"--margin must be a finite number > 0 such as 1.2, or empty for the config's decide.margin; got {text!r}")
-    return value
-
-
 def load_config(path: str | os.PathLike[str] | None = None, margin: float | None = None) -> DecideConfig:
     """The config through the one loader (nsa.settings), with an optional margin override."""
     try:
         cfg = settings.load(path)
     except settings.SettingsError as exc:
         raise DecideError(str(exc)) from None
+    return DecideConfig(_margin(cfg, margin), cfg)
+
+
+def _margin(cfg: settings.Settings, margin: float | None) -> float:
+    """The margin override, else the config's decide.margin (the loader checked that one)."""
     chosen = cfg.decide["margin"] if margin is None else margin
     if isinstance(chosen, bool) or not isinstance(chosen, (int, float)) or not math.isfinite(chosen) or chosen <= 0:
         raise DecideError(f"margin must be a finite number > 0, got {chosen!r}; pass e.g. --margin 1.2")
-    return DecideConfig(float(chosen), cfg)
+    return float(chosen)
 
 
 def branch_of(op: str, suite: str, candidate: str) -> Branch | None:

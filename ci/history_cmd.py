@@ -48,15 +48,14 @@ from typing import Any, TextIO
 
 from bench import results
 from ci import decide, history, lasting, regress
+from ci.args import env_dry_run
 from ci.history import HistoryError, HistoryRun
 from nsa import keys, settings
 
 __all__ = ["DESCRIPTION", "HELP", "HistoryInputError", "add_arguments", "main"]
 
 EXIT_OK, EXIT_GITHUB, EXIT_INPUT, EXIT_REGRESSION = 0, 1, 2, 4
-DRY_RUN_ENV = "NSA_PR_DRY_RUN"
 HISTORY_DIR_ENV = "NSA_HISTORY_DIR"
-_TRUE, _FALSE = ("1", "true", "yes"), ("", "0", "false", "no")
 HELP = "keep only threshold changes that last K runs, save the run's history, flag regressions"
 DESCRIPTION = __doc__ or ""
 Connect = Callable[[Any], Any]
@@ -86,13 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # -- inputs ---------------------------------------------------------------------------------------
 def _env_dry_run(env: Mapping[str, str]) -> bool:
-    value = env.get(DRY_RUN_ENV, "").strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise HistoryInputError(f"{DRY_RUN_ENV} must be true or false (or empty), got {env[DRY_RUN_ENV]!r}; "
-                            "pass the workflow's boolean input as is")
+    return env_dry_run(env, HistoryInputError)
 
 
 def merge_results(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ci import atomic
-from ci.args import InputError, check_out_dir
+from ci.args import DRY_RUN_ENV, InputError, check_out_dir, env_dry_run
 from ci.pr_plan import PlanError, PrPlan, build_plan, load_report, validate_decision
 
 if TYPE_CHECKING:
@@ -26,8 +26,6 @@ __all__ = ["add_arguments", "main", "register", "run", "run_pr"]
 
 EXIT_OK, EXIT_GITHUB, EXIT_INPUT = 0, 1, 2
 DEFAULT_CONFIG = "configs/base.yaml"
-DRY_RUN_ENV = "NSA_PR_DRY_RUN"
-_TRUE, _FALSE = ("1", "true", "yes"), ("", "0", "false", "no")
 Connect = Callable[["Target"], Any]
 
 HELP = "open, update or close the threshold PR"
@@ -96,14 +94,7 @@ def _write_outputs(out_dir: Path, plan: PrPlan, body: str, diff: str, info: Mapp
 
 
 def _env_dry_run(env: Mapping[str, str]) -> bool:
-    """NSA_PR_DRY_RUN: how a workflow's boolean input asks for a dry run (empty when unset, as on a schedule)."""
-    value = env.get(DRY_RUN_ENV, "").strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise PlanError(f"{DRY_RUN_ENV} must be true or false (or empty), got {env[DRY_RUN_ENV]!r}; "
-                    "pass the workflow's boolean input as is")
+    return env_dry_run(env, PlanError)
 
 
 def _github_output(env: Mapping[str, str], outcome: str, url: str) -> None:

@@ -317,7 +317,22 @@ def test_a_launch_bound_cell_decides_nothing() -> None:
     doc = run(cases)
     assert not any(c["used_for_decision"] for c in doc["cells"])
     assert all("launch-bound" in c["note"] for c in doc["cells"])
-    assert doc["branches"]["win"]["changed"] is False and doc["time_floor_ms"] == 0.05
+    assert doc["branches"]["win"]["changed"] is False and doc["time_floor_ms"] == 0.1
+
+
+def test_an_adopted_threshold_extends_down_over_launch_bound_lengths_only() -> None:
+    # 512 and 1024 are launch-bound (both sides under 0.1 ms, even where FA-2 "loses"): they decide
+    # nothing, so the threshold adopted from 2048 extends down to 512, and the reason says so.
+    cases = fx.sweep("sliding", {512: 0.6, 1024: 0.8}, sdpa_ms=0.05, cover=False)
+    cases += fx.sweep("sliding", {2048: 3.0, 4096: 3.0, 8192: 3.0})
+    win = run(cases)["branches"]["win"]["classes"]["g4"]
+    assert win["proposed"] == 512 and "extended down to 512 over the launch-bound lengths 512, 1024" in win["reason"]
+    assert [(x["T"], x["verdict"]) for x in win["lengths"]][:2] == [(512, "launch-bound"), (1024, "launch-bound")]
+    # A deciding reject below stops the extension at the reject.
+    cases = fx.sweep("sliding", {256: 0.5}, cover=False) + fx.sweep("sliding", {1024: 0.8}, sdpa_ms=0.05, cover=False)
+    cases += fx.sweep("sliding", {2048: 3.0, 4096: 3.0, 8192: 3.0})
+    win = run(cases)["branches"]["win"]["classes"]["g4"]
+    assert win["proposed"] == 1024
 
 
 def test_a_class_short_of_the_decision_grid_keeps_its_value_while_another_decides() -> None:
