@@ -38,7 +38,7 @@ def test_auto_and_sdpa_plans_run_the_same_call_on_cpu():
     doc = _run(cells)
     by = {(c["op"], c["params"]["plan"]): c for c in doc["cases"]}
     assert set(by) == {(op, p) for op in ("nsa_prefill", "nsa_decode") for p in ("auto", "sdpa")}
-    for (op, plan), case in by.items():
+    for (_op, plan), case in by.items():
         assert case["status"] == "ok", case["reason"]
         assert case["branch_backends"] == {"cmp": "sdpa", "sel": "sdpa", "win": "sdpa"}
         assert case["backend"] == (auto.AUTO_BACKEND if plan == "auto" else plan)
