@@ -329,7 +329,7 @@ def decide_branch(branch: Branch, cells: Sequence[Cell], cfg: DecideConfig, prof
             "lengths": [x for e in classes.values() for x in e["lengths"]], "classes": classes}
 
 
-def _unavailable(family: Family, sm: str, cells: Sequence[Cell]) -> str:
+def _unavailable(family: Family, sm: str, cells: Sequence[Cell], suites_run: set[str]) -> str:
     """Why `family`'s candidates did not run in its suite, or "" when they did."""
     ran = [c for c in cells if c.suite == family.suite and c.candidate_backend in family.backends]
     if sm == "cpu":
@@ -337,6 +337,9 @@ def _unavailable(family: Family, sm: str, cells: Sequence[Cell]) -> str:
             return "these results come from a CPU machine (sm = cpu) and FA-2 needs a CUDA GPU"
         return (f"these results come from a CPU machine (sm = cpu) and {family.label} thresholds need "
                 "timings on a CUDA GPU")
+    if family.suite not in suites_run:
+        return (f"suite {family.suite} did not run in these results, so {family.label} was not measured (run "
+                f"`python -m bench run --suites {family.suite}`)")
     if any(c.verdict != "skipped" for c in ran):
         return ""
     if ran:
@@ -380,7 +383,8 @@ def decide(sources: Sequence[tuple[str, Mapping[str, Any]]], cfg: DecideConfig) 
         _mark_use(cell, cfg)
         _mark_auto(cell, cfg, profile)
     cells.sort(key=lambda c: (c.suite, c.op, c.candidate_backend, c.cls or "", json.dumps(c.params, sort_keys=True)))
-    unavailable = {f.name: _unavailable(f, profile, cells) for f in FAMILIES}
+    suites_run = {c["suite"] for c in cases}
+    unavailable = {f.name: _unavailable(f, profile, cells, suites_run) for f in FAMILIES}
     failures = [{"id": c["id"], "suite": c["suite"], "op": c["op"], "backend": c["backend"],
                  "status": c["status"], "reason": problem[1], "parity_failed": parity_failed(c)}
                 for c in cases if (problem := case_problem(c)) and problem[0] == "failed"]

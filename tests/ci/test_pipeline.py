@@ -181,8 +181,9 @@ def test_cpu_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     doc = results.load(out / "results.json")
     assert doc["machine"]["sm"] == "cpu" and doc["run"]["size"] == "smoke"
     assert {c["status"] for c in doc["cases"] if c["backend"] != "sdpa"} == {"skipped"}
-    assert "FA-2 was unavailable" in (out / "report" / "report.md").read_text()
-    assert "FA-2 was unavailable" in (out / "report" / "summary.md").read_text()
+    assert "No FA-2 threshold can be proposed from this run:** these results come from a CPU machine" in (
+        out / "report" / "report.md").read_text()
+    assert "No FA-2 threshold can be proposed: these results come from a CPU machine" in (out / "report" / "summary.md").read_text()
     assert "--size smoke --device cpu" in text and "FA-2 unavailable: " in text
     assert "results from a CPU machine" in text and not (out / "pr").exists()
     assert text.rstrip().endswith("outcome: ok")

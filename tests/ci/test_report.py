@@ -78,7 +78,7 @@ def test_report_leads_with_failures_and_holds_every_section() -> None:
     assert "| warmup_ms | 25 |" in text and "- dispatch: fa2_min_len_win=(value=-1, source=profiles.sm90)" in text
     assert "| 2048 | g4 | 512 | B1 Hq8/Hkv2 D64 bf16 | flash_attn |" in text
     assert "torch_fa2 needs torch >= 2.6" in text
-    assert "## Comparison" not in text and "FA-2 was unavailable" not in text
+    assert "## Comparison" not in text and "No FA-2 threshold can be proposed" not in text
 
 
 def test_missing_method_renders_gracefully() -> None:
@@ -103,7 +103,7 @@ def test_cpu_run_says_fa2_was_unavailable() -> None:
     conf = decide.DecideConfig.from_mapping(fx.config())
     decision = decide.decide([("cpu.json", fx.document(fx.sweep("sliding", {1024: 2.0}), sm="cpu"))], conf)
     for text in (report.render_report(decision), report.render_summary(decision)):
-        assert "FA-2 was unavailable" in text and "no threshold can be proposed" in text
+        assert "No FA-2 threshold can be proposed" in text and "these results come from a CPU machine" in text
         assert "sm = cpu" in text
 
 
@@ -162,7 +162,7 @@ def test_fa2_only_run_says_the_triton_kernels_were_not_measured() -> None:
     decision = decide.decide([("r.json", fx.document(fx.sweep("sliding", {1024: 2.0})))], conf)
     for text in (report.render_report(decision), report.render_summary(decision)):
         assert "No Triton threshold can be proposed" in text and "python -m bench run --suites triton" in text
-        assert "FA-2 was unavailable" not in text
+        assert "No FA-2 threshold can be proposed" not in text
     assert "No selected cells in suite `triton`." in report.render_report(decision)
 
 
