@@ -12,7 +12,7 @@ import math
 import os
 import re
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +251,22 @@ def dump(doc: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
     if p.is_dir():
         raise ResultsError(f"--out must be a file path, got the folder {str(p)!r}; pass e.g. {str(p / 'results.json')!r}")
     return atomic.write_text(p, dumps(doc))
+
+
+def unique_cases(sources: Sequence[tuple[str, Mapping[str, Any]]],
+                 error: type[Exception] = ResultsError) -> list[Mapping[str, Any]]:
+    """Every case of the named documents `(name, doc)`, in order (shards of one run); a case id in
+    two of them raises `error` naming both files."""
+    origin: dict[str, str] = {}
+    cases: list[Mapping[str, Any]] = []
+    for name, doc in sources:
+        for case in doc["cases"]:
+            if case["id"] in origin:
+                raise error(f"case ids must be unique across results files, got {case['id']!r} in "
+                            f"{origin[case['id']]} and {name}; pass one file per shard, not reruns")
+            origin[case["id"]] = name
+            cases.append(case)
+    return cases
 
 
 def merge(docs: list[Mapping[str, Any]]) -> dict[str, Any]:

@@ -360,16 +360,7 @@ def _sources(sources: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[str, lis
     if len(set(sms.values())) > 1:
         raise DecideError(f"results files must all come from one GPU architecture, got {sms}; "
                           "decide each architecture's files in a separate run")
-    cases: list[Mapping[str, Any]] = []
-    origin: dict[str, str] = {}
-    for name, doc in sources:
-        for case in doc["cases"]:
-            if case["id"] in origin:
-                raise DecideError(f"case ids must be unique across results files, got {case['id']!r} in "
-                                  f"{origin[case['id']]} and {name}; pass one file per shard, not reruns")
-            origin[case["id"]] = name
-            cases.append(case)
-    return next(iter(sms.values())), cases
+    return next(iter(sms.values())), results.unique_cases(sources, DecideError)
 
 
 def decide(sources: Sequence[tuple[str, Mapping[str, Any]]], cfg: DecideConfig) -> dict[str, Any]:

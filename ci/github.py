@@ -28,6 +28,7 @@ from github.PullRequest import PullRequest
 from github.Repository import Repository
 
 from ci.config_edit import edit_thresholds, unified_diff
+from ci.github_call import branch_ref
 from ci.github_errors import GitHubError, Secret, explain
 from ci.pr_plan import PrPlan
 
@@ -168,16 +169,8 @@ class _Session:
             return self.gh.get_repo(self.target.repository)
 
     def ref(self, repo: Repository, branch: str) -> GitRef | None:
-        """The branch's ref, loaded (so that its URL is the plural one edits need), or None."""
-        try:
-            with self.call("GET", f"/git/ref/heads/{branch}"):
-                ref = repo.get_git_ref(f"heads/{branch}")
-                ref.object  # noqa: B018 - loads the ref; a missing branch raises 404 here
-                return ref
-        except GitHubError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        """The branch's ref, loaded, or None."""
+        return branch_ref(self.call, repo, branch)
 
     def open_pulls(self, repo: Repository, branch: str) -> list[PullRequest]:
         owner = self.target.repository.split("/")[0]

@@ -8,8 +8,8 @@ issue ``issues: write``, and the generic advice would name the PR's permission i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
 import requests
@@ -40,3 +40,17 @@ class Caller:
                 where = f"{method} /repos/{self.repository}{path}"
                 err = GitHubError(self.token.scrub(f"GitHub answered 403 for {where}: {self.forbidden}"), 403)
             raise err from None
+
+
+def branch_ref(call: Callable[[str, str], AbstractContextManager[None]], repo, branch: str):
+    """The branch's ref, loaded (so that its URL is the plural one edits need), or None when the
+    branch does not exist; `call(method, path)` is the caller's error-translating context."""
+    try:
+        with call("GET", f"/git/ref/heads/{branch}"):
+            ref = repo.get_git_ref(f"heads/{branch}")
+            ref.object  # noqa: B018 - loads the ref; a missing branch raises 404 here
+            return ref
+    except GitHubError as exc:
+        if exc.status == 404:
+            return None
+        raise

@@ -31,14 +31,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bench.results import MACHINE_FIELDS, RUN_FIELDS
+
 SCHEMA = "nsa-history/1"
 BRANCH = "nsa-history"
 ROOT = "history"
 DEFAULT_KEEP = 30
 MAX_SAMPLES = 64
 SIG_DIGITS = 4
-MACHINE_FIELDS = ("gpu_name", "sm", "driver", "cuda", "torch", "triton", "flash_attn", "python")
-RUN_FIELDS = ("id", "created_at", "git_sha", "command")
 # Keys that name what ran rather than the problem's shape: a dense case matches an NSA case of the
 # same run when every other param agrees (the dense baseline has no `branches`, `win`, `nsa_backend`).
 NON_SHAPE_PARAMS = frozenset({"branches", "win", "nsa_backend", "replica"})

@@ -96,21 +96,12 @@ def merge_results(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
     given to `ci decide`.
     """
     docs = [(str(p), results.load(p)) for p in paths]
-    first_name, first = docs[0]
+    _, first = docs[0]
     names = {n: d["machine"]["gpu_name"] for n, d in docs}
     if len(set(names.values())) > 1:
         raise HistoryInputError(f"results files must come from one GPU model, got {names}; run `ci decide` "
                                 "and `ci history` once per model")
-    seen: dict[str, str] = {}
-    cases = []
-    for name, doc in docs:
-        for case in doc["cases"]:
-            if case["id"] in seen:
-                raise HistoryInputError(f"case ids must be unique across results files, got {case['id']!r} in "
-                                        f"{seen[case['id']]} and {name}; pass one file per shard, not reruns")
-            seen[case["id"]] = name
-            cases.append(case)
-    return {**first, "cases": cases}
+    return {**first, "cases": results.unique_cases(docs, HistoryInputError)}
 
 
 def _smoke(merged: Mapping[str, Any]) -> bool:

@@ -28,7 +28,7 @@ from github.GitRef import GitRef
 from github.GitTree import GitTree
 from github.Repository import Repository
 
-from ci.github_call import Caller, GitHubError
+from ci.github_call import Caller, GitHubError, branch_ref
 from ci.github_errors import Secret
 from ci.history import BRANCH, DEFAULT_KEEP, ROOT, HistoryError, HistoryRun, chronological, loads, plan_save
 
@@ -123,15 +123,7 @@ class GitHubHistoryStore:
         return self._repo
 
     def _ref(self) -> GitRef | None:
-        try:
-            with self.caller.call("GET", f"/git/ref/heads/{self.branch}"):
-                ref = self._repository().get_git_ref(f"heads/{self.branch}")
-                ref.object  # noqa: B018 - loads the ref; a missing branch raises 404 here
-                return ref
-        except GitHubError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return branch_ref(self.caller.call, self._repository(), self.branch)
 
     def _snapshot(self) -> tuple[GitRef | None, GitCommit | None, GitTree | None, dict[str, str]]:
         """(ref, head commit, its tree, {path: blob sha}) of the branch; Nones and {} before its first run."""
