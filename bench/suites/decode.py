@@ -65,9 +65,9 @@ TARGET = {"B": 8, "Hq": 64, "Hkv": 4, "Dk": 128, "Dv": 128, "dim": 2560, **NSA, 
 
 SPECS = (CaseSpec("nsa_decode", VARIANTS, {
     "smoke": product(layout=(SMALL,), T=(20, 200, 1000), dtype=("bf16",)),
-    "nightly": (product(layout=(PAPER,), T=(1024, 8192, 16384, 32768, 65536), dtype=("bf16",))
-                + product(layout=(GQA,), T=(1024, 8192, 65536), dtype=("bf16",))
-                + product(layout=(TARGET,), T=(65536,), dtype=("bf16",))),
+    # Nightly: the decode target (B = 8, CUDA graphs) at 8k and 64k, the trend cases; the eager
+    # paper and GQA layouts are in `full` (the nightly job stays within 10 minutes on an H100).
+    "nightly": product(layout=(TARGET,), T=(8192, 65536), dtype=("bf16",)),
     "full": (product(layout=(PAPER, GQA), T=(128, 512, 1024, 4096, 8192, 16384, 32768, 65536),
                      dtype=("bf16",))
              + product(layout=({**PAPER, "B": 4},), T=(1024, 8192, 32768), dtype=("bf16",))
