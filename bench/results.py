@@ -24,6 +24,7 @@ STATUSES = ("ok", "skipped", "failed")
 RUN_FIELDS = ("id", "created_at", "git_sha", "command")
 MACHINE_FIELDS = ("gpu_name", "sm", "driver", "cuda", "torch", "triton", "flash_attn", "python")
 TIMING_FIELDS = ("samples_ms", "median_ms", "p20_ms", "p80_ms")
+# Optional in `timing`: host_ms, the median host enqueue time of one timed call (files before it lack it).
 PARITY_FIELDS = ("max_abs_err", "rel_err", "tol", "passed")
 SM = re.compile(r"sm[0-9]+[a-z]?|cpu")  # the profile a results file is decided for
 
@@ -119,6 +120,11 @@ def _check_timing(timing: Mapping[str, Any], where: str, errors: list[str]) -> N
     for name in TIMING_FIELDS[1:]:
         if name in timing and not _is_number(timing[name]):
             errors.append(f"{where}.timing.{name} must be a number (ms), got {timing[name]!r}")
+    if "host_ms" in timing:
+        host = timing["host_ms"]
+        if not (_is_number(host) and math.isfinite(host) and host >= 0):
+            errors.append(f"{where}.timing.host_ms must be a finite number >= 0 (ms) or absent, got {host!r}; "
+                          "record the median host enqueue time of the timed calls, or leave it out")
 
 
 def _check_parity(parity: Mapping[str, Any], where: str, errors: list[str]) -> None:

@@ -17,6 +17,10 @@ Peak memory: after timing, each timed variant makes one more call of its own bet
 and a read of the device's peak counter (`bench.timing.peak_memory`), recorded as
 `peak_mem_bytes` (absent on a CPU, which has no counter). It counts everything allocated on the
 device meanwhile, inputs included: compare variants of one cell.
+
+Host enqueue time: `timing.host_ms` is the median over the timed repeats of the host's time to
+enqueue one call (`bench.timing.measure(..., host=)`). Where it reaches the event time, the GPU
+was waiting for the host: the case measures the host, not the kernels (`ci.regress` uses it).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import gc
 import os
+import statistics
 import sys
 import time
 import uuid
@@ -182,8 +187,10 @@ def _run_workload(cell: Cell, work: Workload, records: dict[str, dict[str, Any]]
             timer = replace(timer, cuda_graph=False)
         for key in pending:
             records[key]["cuda_graph"] = timer.cuda_graph
+    host: dict[str, list[float]] = {}
     try:
-        samples = measure(fns, timer, clock=opts.clock, device=opts.device, setup=setups, replayed=replayed)
+        samples = measure(fns, timer, clock=opts.clock, device=opts.device, setup=setups, replayed=replayed,
+                          host=host)
     except Exception as exc:  # noqa: BLE001
         on_error(pending, exc, "while timing")
         return
@@ -195,7 +202,9 @@ def _run_workload(cell: Cell, work: Workload, records: dict[str, dict[str, Any]]
         on_error(pending, exc, "while measuring peak memory")
         return
     for key in pending:
-        records[key].update(status="ok", timing=results.timing_summary(samples[key]))
+        timing = results.timing_summary(samples[key])
+        timing["host_ms"] = statistics.median(host[key])
+        records[key].update(status="ok", timing=timing)
         if peaks[key] is not None:
             records[key]["peak_mem_bytes"] = peaks[key]
 

@@ -15,6 +15,11 @@ Method (after triton's `do_bench`, extended to several candidates):
    a 256 MiB buffer is zeroed before every repeat, outside the timed region, so no repeat
    starts with its inputs in L2. Elapsed times are read after one final synchronize; the raw
    samples (milliseconds) are returned.
+5. Host enqueue time: with `measure(..., host={})`, each timed repeat's call is also bracketed by
+   `time.perf_counter_ns` on the host, with no synchronize, so it is the time the host took to
+   enqueue the call (Python, dispatch, launches), not the GPU's. An event time can never be below
+   it while the GPU waits for the host, so `ci.regress` uses it to tell a slower host from slower
+   kernels. (On a CPU clock the two coincide: torch CPU work is synchronous.)
 
 `cuda_graph=True` captures each candidate in a CUDA graph and times replays, which removes the
 CPU launch overhead of microsecond kernels. The clock is injectable (`measure(..., clock=)`),
@@ -70,7 +75,9 @@ class Timer:
 
 class Clock(Protocol):
     """Where time comes from. `marker()` makes an unrecorded marker, `record(m)` stamps it in
-    stream order, `elapsed_ms(a, b)` is valid after `synchronize()`."""
+    stream order, `elapsed_ms(a, b)` is valid after `synchronize()`. A clock may also have
+    `host_ns()`, the host's clock for the enqueue time (default `time.perf_counter_ns`; the
+    tests' fake clock has its own)."""
 
     name: str
     flushes: bool
@@ -205,7 +212,8 @@ def _estimate(fn: Callable[[], Any], setup: Callable[[], Any] | None, clock: Clo
 
 def measure(fns: dict[str, Callable[[], Any]], timer: Timer, *, clock: Clock | None = None,
             device: str = "cuda", setup: dict[str, Callable[[], Any]] | None = None,
-            replayed: Collection[str] = ()) -> dict[str, list[float]]:
+            replayed: Collection[str] = (),
+            host: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
     """Time every candidate in `fns` interleaved; return its raw per-repeat samples in ms.
 
     Every candidate gets the same number of samples. `setup[name]`, when given, runs before
@@ -213,7 +221,9 @@ def measure(fns: dict[str, Callable[[], Any]], timer: Timer, *, clock: Clock | N
     there); it rules out `cuda_graph`. `replayed` names candidates whose fn already replays a
     CUDA graph that the caller captured (a stateful step captured on its own copy of its state):
     `cuda_graph` does not capture those again. Exceptions from a candidate propagate (the runner
-    records the case); `clock` defaults to the one for `device`.
+    records the case); `clock` defaults to the one for `device`. `host`, when given (an empty
+    dict), is filled with each candidate's per-repeat host enqueue time in ms, in the order of its
+    samples: `time.perf_counter_ns` before and after each timed call, no synchronize.
     """
     if not fns:
         return {}
@@ -225,6 +235,7 @@ def measure(fns: dict[str, Callable[[], Any]], timer: Timer, *, clock: Clock | N
     if setup and timer.cuda_graph:
         raise ValueError("cuda_graph cannot replay a candidate that needs a setup step; drop --cuda-graph")
     run = {name: fn if name in replayed else clock.wrap(fn) for name, fn in fns.items()}
+    host_ns: Callable[[], int] = getattr(clock, "host_ns", time.perf_counter_ns)
 
     estimate: dict[str, float] = {}
     if timer.warmup is None or timer.rep is None:
@@ -248,6 +259,7 @@ def measure(fns: dict[str, Callable[[], Any]], timer: Timer, *, clock: Clock | N
 
     flush = timer.l2_flush and clock.flushes
     markers = {name: [(clock.marker(), clock.marker()) for _ in range(n_rep)] for name in run}
+    enqueue_ns = {name: [0] * n_rep for name in run}
     clock.synchronize()
     for first in range(0, n_rep, timer.block):
         for name, fn in run.items():
@@ -259,7 +271,9 @@ def measure(fns: dict[str, Callable[[], Any]], timer: Timer, *, clock: Clock | N
                 if flush:
                     clock.flush()
                 clock.record(start)
+                t0 = host_ns()
                 fn()
+                enqueue_ns[name][i] = host_ns() - t0
                 clock.record(end)
     clock.synchronize()
     samples = {name: [clock.elapsed_ms(s, e) for s, e in pairs] for name, pairs in markers.items()}
@@ -267,6 +281,9 @@ def measure(fns: dict[str, Callable[[], Any]], timer: Timer, *, clock: Clock | N
         if any(not math.isfinite(v) or v < 0 for v in values):
             raise RuntimeError(f"{name}: the clock returned a non-finite or negative time; "
                                "is the candidate running on another stream?")
+    if host is not None:
+        host.clear()
+        host.update({name: [ns / 1e6 for ns in values] for name, values in enqueue_ns.items()})
     return samples
 
 

@@ -1,4 +1,7 @@
-"""A fake clock for bench.timing: time moves only when a candidate says so; every event is logged."""
+"""A fake clock for bench.timing: time moves only when a candidate says so; every event is logged.
+
+Two times move: the device's (`now`, ms, read through markers) and the host's (`host_now`, ns,
+read through `host_ns`, the enqueue time), each by what the candidate says a call takes."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ class FakeClock:
         self.log: list[tuple[str, ...]] = []
         self.peak = peak          # what peak_bytes reports (None: no memory counter, like a CPU)
         self.allocated = 0        # bytes "allocated" now; candidates may move it (see candidate)
+        self.host_now = 0         # the host's clock (ns): what measure reads as enqueue time
 
     def marker(self) -> list[float | None]:
         return [None]
@@ -44,15 +48,22 @@ class FakeClock:
         self.log.append(("peak",))
         return self.peak
 
-    def candidate(self, name: str, durations: float | list[float], mem: int = 0) -> Callable[[], None]:
-        """A candidate that takes `durations` ms (cycled when a list), briefly needs `mem` bytes
-        on top of what is allocated, and logs its calls."""
+    def host_ns(self) -> int:
+        return self.host_now
+
+    def candidate(self, name: str, durations: float | list[float], mem: int = 0,
+                  host: float | list[float] = 0.0) -> Callable[[], None]:
+        """A candidate that takes `durations` ms on the device and `host` ms on the host to enqueue
+        (each cycled when a list), briefly needs `mem` bytes on top of what is allocated, and logs
+        its calls."""
         seq = durations if isinstance(durations, list) else [durations]
+        host_seq = host if isinstance(host, list) else [host]
         count = [0]
 
         def fn() -> None:
             self.log.append(("call", name))
             self.now += seq[count[0] % len(seq)]
+            self.host_now += round(host_seq[count[0] % len(host_seq)] * 1e6)
             count[0] += 1
             if self.peak is not None:
                 self.peak = max(self.peak, self.allocated + mem)

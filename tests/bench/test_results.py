@@ -62,3 +62,14 @@ def test_peak_mem_bytes_is_an_optional_non_negative_int(value, ok):
     errors = results.validate(_doc([_case(peak_mem_bytes=value)]))
     assert (not errors) if ok else any("peak_mem_bytes must be a non-negative int" in e for e in errors)
     assert not results.validate(_doc([_case()]))     # absent is valid
+
+
+@pytest.mark.parametrize("value, ok", [(0, True), (0.031, True), (2, True), (-0.1, False), (True, False),
+                                       ("0.5", False), (None, False), (float("inf"), False)])
+def test_host_ms_is_an_optional_non_negative_finite_number(value, ok):
+    case = _case()
+    case["timing"]["host_ms"] = value
+    errors = results.validate(_doc([case]))
+    assert (not errors) if ok else any("timing.host_ms must be a finite number >= 0 (ms) or absent" in e
+                                       for e in errors), errors
+    assert not results.validate(_doc([_case()]))     # absent (files written before it) is valid

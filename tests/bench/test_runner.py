@@ -210,3 +210,15 @@ def test_a_failing_peak_memory_call_settles_the_variants(fake_suite):
     (a,) = runner.run_cell(_cell("a"), _opts(clock))
     assert a["status"] == "skipped" and "peak memory" in a["reason"] and a["timing"] is None
     _valid([a])
+
+
+def test_the_median_host_enqueue_time_of_the_timed_calls_is_recorded(fake_suite):
+    clock = FakeClock()
+    # Warmup 5 ms on the host (not timed), then 0.1, 0.2, 0.9: median 0.2 (the mean would be 0.4).
+    fake_suite["work"] = Workload(fns={"a": clock.candidate("a", 1.0, host=[5.0, 0.1, 0.2, 0.9]),
+                                       "b": clock.candidate("b", 1.0, host=0.05)},
+                                  backends={"a": "a", "b": "b"})
+    a, b = runner.run_cell(_cell("a", "b"), _opts(clock))
+    assert a["timing"]["host_ms"] == pytest.approx(0.2) and b["timing"]["host_ms"] == pytest.approx(0.05)
+    assert a["timing"]["samples_ms"] == [1.0] * 3
+    _valid([a, b])

@@ -130,3 +130,26 @@ def test_peak_memory_without_a_counter_is_none_and_costs_no_call():
     assert peak_memory({"A": clock.candidate("A", 1.0)}, clock=clock) == {"A": None}
     assert clock.calls() == []
     assert CpuClock().peak_bytes() is None
+
+
+def test_host_enqueue_time_is_taken_around_each_timed_repeat_only():
+    clock = FakeClock()
+    # Call 0 is the warmup (9 ms on the host, must not show); the timed repeats take 0.1, 0.2, 0.3.
+    fns = {"A": clock.candidate("A", 1.0, host=[9.0, 0.1, 0.2, 0.3]), "B": clock.candidate("B", 2.0, host=0.5)}
+    host: dict[str, list[float]] = {"stale": [1.0]}
+    samples = measure(fns, Timer(warmup=1, rep=3, block=2, l2_flush=False), clock=clock, host=host)
+    assert samples == {"A": [1.0] * 3, "B": [2.0] * 3}  # the event times are untouched
+    assert host.keys() == {"A", "B"}
+    assert host["A"] == pytest.approx([0.1, 0.2, 0.3]) and host["B"] == pytest.approx([0.5] * 3)
+
+
+def test_host_samples_match_the_repeats_under_budgets_and_default_to_perf_counter():
+    clock = FakeClock()
+    host: dict[str, list[float]] = {}
+    samples = measure({"A": clock.candidate("A", 1.0, host=0.25)},
+                      Timer(warmup_ms=3, rep_ms=7, min_rep=1, l2_flush=False), clock=clock, host=host)
+    assert len(host["A"]) == len(samples["A"]) == 7 and host["A"] == pytest.approx([0.25] * 7)
+    # A clock without host_ns (CpuClock, CudaClock) is timed on the host by time.perf_counter_ns.
+    host = {}
+    measure({"sleep": lambda: time.sleep(0.002)}, Timer(warmup=0, rep=2), clock=CpuClock(), host=host)
+    assert len(host["sleep"]) == 2 and all(1.5 <= h < 200 for h in host["sleep"])
