@@ -6,10 +6,12 @@ the data branch ``nsa-history`` (``ci.history_store`` writes it, or a local fold
 holds the schema tag ``nsa-history/1``, the run's metadata (``run``: id, created_at, git_sha,
 command; ``machine``: the schema's machine fields only, not the NVML snapshots), ``gpu`` (the slug),
 ``profile`` (the sm), one entry per ok case (id, suite, op, backend, params, median_ms, p20_ms,
-p80_ms, n = the number of samples measured, samples_ms), ``dense`` (case id -> the id of the dense
-case of the same run and shape, the denominator that cancels machine drift in ``ci.regress``) and
-``decisions`` (the run's own decision entries, one per (key, shape class), for ``ci.lasting``) and
-``regressions`` (the case ids ``ci.regress`` flagged in this run, kept out of later baselines).
+p80_ms, n = the number of samples measured, samples_ms, and host_ms = the median host enqueue time
+of one call, left out where the results file has none, as in records written before it), ``dense``
+(case id -> the id of the dense case of the same run and shape, the denominator that cancels
+machine drift in ``ci.regress``) and ``decisions`` (the run's own decision entries, one per (key,
+shape class), for ``ci.lasting``) and ``regressions`` (the case ids ``ci.regress`` flagged in this
+run, kept out of later baselines).
 Timings are rounded to 4 significant digits: run-to-run noise is 1% or more, so a fifth digit
 carries nothing. Failed and skipped cases are not kept: they carry no timing, and the report of
 their own run already says why.
@@ -17,10 +19,11 @@ their own run already says why.
 Growth, measured on the committed results (``tests/ci/test_history.py`` pins these numbers):
 ``results/h100/triton-nightly.json`` (84 cases, 626 KB raw) gives a 58 KB record (13 KB zlib) and
 ``results/h200/nightly-fa2.json`` (130 cases, 1.39 MB raw) a 93 KB record (21 KB zlib): about
-0.7 KB per case, so a nightly of both suites on one model adds ~150 KB per run (~35 KB as git
-stores it). At the default of 30 runs kept per model, a model's folder holds at most ~4.5 MB; each
-run beyond that deletes the oldest in the same commit, so the branch's tree stays bounded, and git
-history grows by ~35 KB per run (squash the branch yearly if that ever matters).
+0.7 KB per case (``host_ms``, which these older files lack, adds ~20 bytes), so a nightly of
+both suites on one model adds ~150 KB per run (~35 KB as git stores it). At the default of 30 runs
+kept per model, a model's folder holds at most ~4.5 MB; each run beyond that deletes the oldest in
+the same commit, so the branch's tree stays bounded, and git history grows by ~35 KB per run
+(squash the branch yearly if that ever matters).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class HistoryCase:
     p80_ms: float
     n: int  # samples measured; len(samples_ms) is at most MAX_SAMPLES
     samples_ms: list[float]
+    host_ms: float | None = None  # median host enqueue time of one call; None in records before it
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,8 @@ def build_record(results: Mapping[str, Any], decisions: Iterable[Mapping[str, An
         cases.append(HistoryCase(
             id=c["id"], suite=c["suite"], op=c["op"], backend=c["backend"], params=dict(c["params"]),
             median_ms=round_sig(t["median_ms"]), p20_ms=round_sig(t["p20_ms"]), p80_ms=round_sig(t["p80_ms"]),
-            n=len(t["samples_ms"]), samples_ms=[round_sig(s) for s in thin(t["samples_ms"])]))
+            n=len(t["samples_ms"]), samples_ms=[round_sig(s) for s in thin(t["samples_ms"])],
+            host_ms=None if t.get("host_ms") is None else round_sig(t["host_ms"])))
     return HistoryRun(run=run, machine={k: machine.get(k) for k in MACHINE_FIELDS},
                       gpu=gpu_slug(machine["gpu_name"]), profile=str(machine["sm"]), cases=cases,
                       dense=dense_baselines(results["cases"]), decisions=[dict(d) for d in decisions])
@@ -184,7 +189,8 @@ def dumps(record: HistoryRun) -> str:
         return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
     lines = ["{" + one(head)[1:-1] + ',"cases":[']
-    lines += [one(asdict(c)) + ("," if i < len(record.cases) - 1 else "") for i, c in enumerate(record.cases)]
+    cases = [{k: v for k, v in asdict(c).items() if not (k == "host_ms" and v is None)} for c in record.cases]
+    lines += [one(c) + ("," if i < len(cases) - 1 else "") for i, c in enumerate(cases)]
     lines.append('],"dense":' + one(record.dense) + ',"decisions":[')
     lines += [one(d) + ("," if i < len(record.decisions) - 1 else "") for i, d in enumerate(record.decisions)]
     lines.append('],"regressions":' + one(record.regressions) + "}")

@@ -40,6 +40,29 @@ def test_record_keeps_ok_cases_thinned_rounded_with_metadata() -> None:
     assert history.loads(history.dumps(rec)) == rec
 
 
+def test_host_ms_round_trips_and_records_without_it_still_load() -> None:
+    doc = hx.real(hx.H100_TRITON)
+    first, second = doc["cases"][0], doc["cases"][1]
+    first["timing"]["host_ms"] = 0.0271234
+    rec = history.build_record(doc)
+    assert rec.case(first["id"]).host_ms == 0.02712  # 4 significant digits, like the other timings
+    assert rec.case(second["id"]).host_ms is None    # this case's results have none
+    text = history.dumps(rec)
+    assert history.loads(text) == rec
+    lines = [line for line in text.splitlines() if line.startswith('{"id":')]
+    assert '"host_ms":0.02712' in lines[0] and "host_ms" not in lines[1]  # absent, not null: as before
+    # A record written before host_ms (no such key anywhere) loads with None for every case.
+    old = history.dumps(history.build_record(hx.real(hx.H100_TRITON)))
+    assert "host_ms" not in old
+    assert all(c.host_ms is None for c in history.loads(old).cases)
+    # The docstring's "~20 bytes per case": a host_ms on every case keeps a record within that.
+    for c in doc["cases"]:
+        if c["status"] == "ok":
+            c["timing"]["host_ms"] = c["timing"]["median_ms"] * 0.9871
+    grown = len(history.dumps(history.build_record(doc)).encode()) - len(old.encode())
+    assert 0 < grown <= 25 * len(rec.cases), grown
+
+
 def test_thin_keeps_extremes_and_quantiles() -> None:
     samples = [float(x) for x in range(1000, 0, -1)]
     out = history.thin(samples)
