@@ -12,8 +12,10 @@ Runs after `ci decide` and before `ci report` / `ci pr`, on the same results fil
    per entry, store) and `regressions` (margin, rows worst first, flagged case ids); the decision
    is validated and then replaced atomically, so `ci report` and `ci pr` see lasting changes only;
 3. compares every case with its baseline in this model's history (`ci.regress`,
-   `decide.regression_margin`) and saves this run's record (`decide.history_keep` runs kept per
-   model; a smoke run is not saved; a rerun of the same run id replaces its own record);
+   `decide.regression_margin`, `decide.time_floor_ms`: a slowdown that the host's enqueue time,
+   launch-bound times or the dense reference explain is shown, not flagged as a regression) and
+   saves this run's record (`decide.history_keep` runs kept per model; a smoke run is not saved;
+   a rerun of the same run id replaces its own record);
 4. opens, updates or closes the model's tracking issue (`ci.tracking`); without a token or on a
    dry run it writes issue_body.md and issue.json with the planned outcome instead;
 5. draws trend PNGs into <out-dir>/trends/ (a chart that fails is only a warning) and writes
@@ -24,9 +26,10 @@ once the decision was rewritten. Rerunning on the rewritten decision gives the s
 entry keeps decide's own proposal under `lasting.raw`.
 
 Exit codes: 0 ok; 2 bad input (one line with the cause and the fix; nothing is written or
-changed); 4 a regression was flagged (the decision, history, issue, trends and history.json are all
-written first, so the report and the PR steps still run after it: let them run on this step's
-`history` output, and fail the job at the end); 1 GitHub could not be reached or refused.
+changed); 4 a regression was flagged (a `host`, `launch-bound` or `drift` row is not one; the
+decision, history, issue, trends and history.json are all written first, so the report and the PR
+steps still run after it: let them run on this step's `history` output, and fail the job at the
+end); 1 GitHub could not be reached or refused.
 
 Environment: NSA_HISTORY_DIR (as --history-dir when that is absent; empty: unset), GITHUB_TOKEN or
 GH_TOKEN, GITHUB_REPOSITORY (owner/name), GITHUB_API_URL (default
@@ -71,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decision", default="out/decision.json",
                    help="decision file of `ci decide` for these results; rewritten in place (default: %(default)s)")
     p.add_argument("--config", default="configs/base.yaml",
-                   help="config with decide.history_runs, history_keep and regression_margin (default: %(default)s)")
+                   help="config with decide.history_runs, history_keep, regression_margin and time_floor_ms "
+                        "(default: %(default)s)")
     p.add_argument("--history-dir", default=None, metavar="DIR",
                    help="keep history in DIR/history/<gpu>/ instead of the nsa-history branch "
                         f"(default: ${HISTORY_DIR_ENV} when set and not empty)")
@@ -331,6 +335,7 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
     cfg = settings.load(args.config)
     k, keep = int(cfg.decide["history_runs"]), int(cfg.decide["history_keep"])
     margin, confidence = float(cfg.decide["regression_margin"]), float(cfg.decide["confidence"])
+    floor = float(cfg.decide["time_floor_ms"])
     merged = merge_results(args.results)
     doc = load_decision(args.decision, merged)
     raw = raw_entries(doc)
@@ -368,7 +373,7 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
     past.setdefault(record.gpu, [])
     current = lasting.RunDecisions(record.id, record.created_at, raw)
     entries = lasting.lasting(current, past, k, model=record.gpu)
-    rows = regress.regressions(record, own, k=k, margin=margin, confidence=confidence)
+    rows = regress.regressions(record, own, k=k, margin=margin, confidence=confidence, time_floor_ms=floor)
     flagged = [r.id for r in regress.flagged(rows)]
     record = dataclasses.replace(record, regressions=flagged)
     runs_used = {m: [r.id for r in history.latest([x for x in runs if x.id != record.id], k)]
@@ -379,7 +384,8 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
                     "evidence": [{"key": e["key"], "class": e["class"], "measured": e.get("measured"),
                                   "held": e["lasting"]["held"], "evidence": e["lasting"]["evidence"]}
                                  for e in entries]},
-        "regressions": {"margin": margin, "k": k, "rows": [r.to_dict() for r in rows], "flagged": flagged},
+        "regressions": {"margin": margin, "k": k, "time_floor_ms": floor, "rows": [r.to_dict() for r in rows],
+                        "flagged": flagged},
     })
     validate(new_doc)
     decide.write_decision(new_doc, args.decision)

@@ -15,10 +15,30 @@ cancels and only the case's own change remains. With fewer than ``stats.MIN_SAMP
 a side, the baseline side is the per-run medians instead: the interval then shows run-to-run spread.
 
 A case is a ``regression`` when the interval's lower bound exceeds 1 + margin (significant and
-beyond the margin), an ``improvement`` when its upper bound is under 1 / (1 + margin). A dense case
-that slowed down is flagged ``drift`` instead: it is the reference other cases are divided by
-(torch's attention, not this project's code), so its slowdown is the machine or a torch upgrade;
-the report shows it, but it neither opens the tracking issue nor fails the job.
+beyond the margin), an ``improvement`` when its upper bound is under 1 / (1 + margin). A slowdown
+that the timing cannot pin on this project's kernels gets another flag instead, checked in this
+order:
+
+- ``launch-bound``: both the median now and the baseline's are under ``time_floor_ms`` (config
+  ``decide.time_floor_ms``, the floor below which ``ci decide`` lets no cell decide). Such a call
+  is a launch or two, ranked by launch overhead; consecutive runs of one commit differ there.
+  Flagged rather than left blank so the report still lists a tiny kernel that became much slower.
+- ``host``: this run's host enqueue time of one call (``HistoryCase.host_ms``, the median over the
+  timed repeats) reaches the baseline's median time, ``now.host_ms >= baseline_ms``. The host alone
+  now takes as long as the whole call took in the baseline, so the event time measured the host
+  (Python, dispatch, launch rate) and the GPU cannot be judged. Measured on an H100: two nightlies
+  of the same commit on the same GPU, where every GPU-bound case matched (ratio 1.00) but the
+  host-bound ones (microsecond Triton kernels, masked-SDPA references of many small ops, the whole
+  NSA call at short lengths) were up to 4x slower in the second run because its host was slower;
+  without this rule that run failed with over a hundred "regressions". A code change that slows
+  the host path itself is flagged ``host`` too, and shows in the report. Records without
+  ``host_ms`` (written before it was measured) are judged as before.
+- ``drift``: a dense case that slowed down. It is the reference other cases are divided by (torch's
+  attention, not this project's code), so its slowdown is the machine or a torch upgrade.
+
+``host``, ``launch-bound`` and ``drift`` rows are shown in the report, but they neither open or
+update the tracking issue nor fail the job, and their runs stay in later baselines (only
+``regression`` ids are stored in ``HistoryRun.regressions``).
 """
 
 from __future__ import annotations
@@ -31,9 +51,12 @@ import numpy as np
 
 from ci import stats
 from ci.history import HistoryRun, latest
+from nsa import settings
 
 DEFAULT_MARGIN = 0.1
 DEFAULT_K = 3
+DEFAULT_TIME_FLOOR_MS = float(settings.DECIDE_FIELDS["time_floor_ms"][0])
+FLAGS = ("regression", "host", "drift", "launch-bound", "", "improvement")  # the report's order
 
 
 @dataclass(frozen=True)
@@ -49,10 +72,11 @@ class Row:
     ratio: float
     low: float
     high: float
-    flag: str  # regression | drift | improvement | ""
+    flag: str  # one of FLAGS
     method: str  # "samples" or "run medians"
     dense_id: str | None = None
     baseline_runs: list[str] = field(default_factory=list)
+    host_ms: float | None = None  # this run's host enqueue time of one call; None when not recorded
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,8 +114,22 @@ def _pooled(runs: Sequence[HistoryRun], case_id: str) -> list[float]:
     return [s for r in runs for s in r.case(case_id).samples_ms]  # type: ignore[union-attr]
 
 
+def _flag(low: float, high: float, margin: float, *, op: str, now_ms: float, baseline_ms: float,
+          host_ms: float | None, time_floor_ms: float) -> str:
+    """The row's flag (module docstring): the interval's verdict, then what explains a slowdown."""
+    if high < 1 / (1 + margin):
+        return "improvement"
+    if low <= 1 + margin:
+        return ""
+    if max(now_ms, baseline_ms) < time_floor_ms:
+        return "launch-bound"
+    if host_ms is not None and host_ms >= baseline_ms:
+        return "host"
+    return "drift" if op == "dense" else "regression"
+
+
 def _row(current: HistoryRun, runs: list[HistoryRun], case_id: str, margin: float,
-         confidence: float) -> Row:
+         confidence: float, time_floor_ms: float) -> Row:
     now = current.case(case_id)
     assert now is not None  # callers pass ids of this run's cases
     dense_id = current.dense.get(case_id)
@@ -109,18 +147,18 @@ def _row(current: HistoryRun, runs: list[HistoryRun], case_id: str, margin: floa
     else:
         # ratio_of_medians(a, b) is median(a) / median(b): now over baseline, above 1 when slower.
         sp = stats.ratio_of_medians(now.samples_ms, base, confidence)
-    flag = "regression" if sp.low > 1 + margin else "improvement" if sp.high < 1 / (1 + margin) else ""
-    if flag == "regression" and now.op == "dense":
-        flag = "drift"
+    baseline_ms = float(np.median(base))
+    flag = _flag(sp.low, sp.high, margin, op=now.op, now_ms=now.median_ms, baseline_ms=baseline_ms,
+                 host_ms=now.host_ms, time_floor_ms=time_floor_ms)
     return Row(id=case_id, suite=now.suite, op=now.op, backend=now.backend, now_ms=now.median_ms,
-               baseline_ms=float(np.median(base)), ratio=sp.ratio, low=sp.low, high=sp.high, flag=flag,
+               baseline_ms=baseline_ms, ratio=sp.ratio, low=sp.low, high=sp.high, flag=flag,
                method="run medians" if thin else "samples", dense_id=dense_id,
-               baseline_runs=[r.id for r in runs])
+               baseline_runs=[r.id for r in runs], host_ms=now.host_ms)
 
 
 def regressions(current: HistoryRun, past: Sequence[HistoryRun], *, k: int = DEFAULT_K,
                 margin: float = DEFAULT_MARGIN, confidence: float = 0.95,
-                accepted: Collection[str] = ()) -> list[Row]:
+                accepted: Collection[str] = (), time_floor_ms: float = DEFAULT_TIME_FLOOR_MS) -> list[Row]:
     """One row per case of ``current`` that the last ``k`` runs of its model timed; worst first.
 
     Args:
@@ -129,11 +167,16 @@ def regressions(current: HistoryRun, past: Sequence[HistoryRun], *, k: int = DEF
         k: runs that make up a baseline (config ``history.k``); a case uses the last k runs that timed it.
         margin: slowdown beyond 1 + margin, at the interval's lower bound, is a regression (0.1 = 10%).
         accepted: case ids whose flagged runs count in their baseline again (an intended slowdown).
+        time_floor_ms: a slowdown with both medians under it is ``launch-bound``, never a regression
+            (config ``decide.time_floor_ms``).
 
     Store ``[r.id for r in flagged(rows)]`` as the record's ``regressions`` before saving it.
     """
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}; pass e.g. --regression-margin 0.1")
+    if not time_floor_ms >= 0:
+        raise ValueError(f"time_floor_ms must be a number >= 0, got {time_floor_ms}; set decide.time_floor_ms "
+                         "in configs/base.yaml (0.1 ms by default)")
     others = [r for r in past if r.gpu != current.gpu]
     if others:
         raise ValueError(f"past must hold runs of {current.gpu} only, got {others[0].gpu} ({others[0].id}); "
@@ -144,8 +187,8 @@ def regressions(current: HistoryRun, past: Sequence[HistoryRun], *, k: int = DEF
                   and (case.id in accepted or case.id not in r.regressions)]
         runs = latest(usable, k, exclude=current.id)
         if runs:
-            rows.append(_row(current, runs, case.id, margin, confidence))
-    order = {"regression": 0, "drift": 1, "": 2, "improvement": 3}
+            rows.append(_row(current, runs, case.id, margin, confidence, time_floor_ms))
+    order = {f: i for i, f in enumerate(FLAGS)}
     return sorted(rows, key=lambda r: (order[r.flag], -r.low if r.flag == "regression" else -r.ratio, r.id))
 
 

@@ -206,9 +206,12 @@ def _regressions(decision: Mapping[str, Any]) -> dict[str, Any] | None:
     reg = decision.get("regressions")
     if not isinstance(reg, Mapping):
         return None
-    rows = list(reg.get("rows") or [])
-    return {**reg, "margin_pct": f"{reg['margin'] * 100:.0f}%", "compared": len(rows),
+    # Decisions written before host_ms and time_floor_ms lack them: shown as "—".
+    rows = [{"host_ms": None, **r} for r in reg.get("rows") or []]
+    return {"time_floor_ms": None, **reg, "margin_pct": f"{reg['margin'] * 100:.0f}%", "compared": len(rows),
             "flagged_rows": [r for r in rows if r["flag"] == "regression"],
+            "host_rows": [r for r in rows if r["flag"] == "host"],
+            "launch_bound_rows": [r for r in rows if r["flag"] == "launch-bound"],
             "drift_rows": [r for r in rows if r["flag"] == "drift"],
             "improved_rows": [r for r in rows if r["flag"] == "improvement"]}
 

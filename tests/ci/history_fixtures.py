@@ -24,6 +24,7 @@ H200_FA2 = "results/h200/nightly-fa2.json"
 H200_PREFILL_DECODE = "results/h200/prefill-decode-nightly.json"
 H100_DECODE = "results/h100/decode-b8.json"
 H100_FAST = "results/h100/fast-full.json"
+H100_AUTO = "results/h100/auto/auto-full.json"
 START = datetime(2026, 12, 1, 3, 0, tzinfo=timezone.utc)
 
 
@@ -63,6 +64,18 @@ def nightly(rel: str, night: int, scale: Mapping[str, float] | None = None, *, g
             factor = factor if factor is not None else (scale or {}).get(case["id"])
         if factor is not None and case["status"] == "ok":
             case["timing"] = results.timing_summary([s * factor for s in case["timing"]["samples_ms"]])
+    return results.check(doc)
+
+
+def retimed(rel: str, night: int, times: Mapping[str, tuple[float, float | None]], **kwargs: Any) -> dict[str, Any]:
+    """Night ``night`` of ``rel`` with each case of ``times`` (``{case id: (median ms, host ms)}``)
+    scaled to that median and given that ``timing.host_ms`` (None: none, as in files before it)."""
+    medians = {c["id"]: c["timing"]["median_ms"] for c in _load(rel)["cases"] if c["status"] == "ok"}
+    doc = nightly(rel, night, {cid: ms / medians[cid] for cid, (ms, _) in times.items()}, **kwargs)
+    for case in doc["cases"]:
+        host = times.get(case["id"], (0.0, None))[1]
+        if host is not None:
+            case["timing"]["host_ms"] = host
     return results.check(doc)
 
 

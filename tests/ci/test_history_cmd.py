@@ -204,6 +204,66 @@ def test_exit_4_comes_after_everything_was_written(tmp_path: Path, fake: FakeGit
     assert pipe.outputs[-1] == {"history": "added", "regression_issue": "created"}
 
 
+# The measured H100 replay: two nightlies of one commit, the second on a slower host. The whole-NSA
+# `auto` plan at T=1k went 0.89 -> 1.17 ms while the GPU-bound cases did not move.
+AUTO_1K = "auto/nsa_prefill/autoplan/B1-T1024-Hq64-Hkv4-D128-w512-l32-d16-ls64-n16-planauto-bf16"
+AUTO_KEEP = ("B1-T1024-Hq64-Hkv4-",)  # AUTO_1K and the fixed plans of the same shape, unchanged
+HOST_LINE = ("host-bound: this run's host enqueue time alone reaches the baseline's time; the kernels "
+             "cannot be judged from it")
+
+
+def auto_night(night: int, now: tuple[float, float | None], base: tuple[float, float | None]) -> dict[str, Any]:
+    return hx.retimed(hx.H100_AUTO, night, {AUTO_1K: now if night == 3 else base}, gpu_name=H100, keep=AUTO_KEEP)
+
+
+@pytest.mark.parametrize(("host_ms", "flag", "code"), [(1.1, "host", 0), (0.3, "regression", 4),
+                                                       (None, "regression", 4)])
+def test_a_slower_host_is_shown_but_opens_no_issue_and_fails_nothing(tmp_path: Path, fake: FakeGitHub,
+                                                                     host_ms: float | None, flag: str,
+                                                                     code: int) -> None:
+    from ci import report
+
+    pipe = Pipeline(tmp_path, "branch", fake)
+    base = (0.9, None if host_ms is None else 0.6)  # None: records from before host_ms, as before
+    for n in range(3):
+        assert pipe.night(auto_night(n, base, base))[0] == 0
+    rc, decision = pipe.night(auto_night(3, (1.17, host_ms), base))
+    rows = decision["regressions"]["rows"]
+    assert rc == code and decision["regressions"]["time_floor_ms"] == 0.1
+    assert rows[0]["id"] == AUTO_1K and rows[0]["flag"] == flag and rows[0]["host_ms"] == host_ms
+    assert rows[0]["ratio"] == pytest.approx(1.3, rel=2e-3) and all(r["flag"] == "" for r in rows[1:])
+    saved = history.loads(fake.files_at(history.BRANCH)[f"history/{H100_SLUG}/{run_id(3)}.json"].decode())
+    text = report.render_report(decision)
+    if flag == "host":
+        assert decision["regressions"]["flagged"] == [] and saved.regressions == []
+        assert fake.issues == {} and pipe.outputs[-1] == {"history": "added", "regression_issue": "none"}
+        assert HOST_LINE in text and "## Regressions" not in text
+        assert f"| `{AUTO_1K}` | 1.17 | 0.9 | 1.1 | 1.30x [" in text and "0 flagged" in text
+        assert "1 slower but host-bound" in report.render_summary(decision)
+    else:
+        assert decision["regressions"]["flagged"] == [AUTO_1K] and saved.regressions == [AUTO_1K]
+        (issue,) = fake.open_issues()
+        assert AUTO_1K in issue.body and pipe.outputs[-1]["regression_issue"] == "created"
+        assert "## Regressions" in text and HOST_LINE not in text
+
+
+@pytest.mark.parametrize(("floor", "flag", "code"), [(None, "launch-bound", 0), ("0.01", "regression", 4)])
+def test_a_slowdown_under_the_config_time_floor_is_launch_bound(tmp_path: Path, fake: FakeGitHub,
+                                                               floor: str | None, flag: str, code: int) -> None:
+    pipe = Pipeline(tmp_path, "dir", fake)
+    if floor is not None:
+        text = pipe.config.read_text(encoding="utf-8")
+        assert "time_floor_ms: 0.1 " in text
+        pipe.config.write_text(text.replace("time_floor_ms: 0.1 ", f"time_floor_ms: {floor} "), encoding="utf-8")
+    for n in range(3):
+        assert pipe.night(auto_night(n, (0.05, None), (0.05, None)))[0] == 0
+    rc, decision = pipe.night(auto_night(3, (0.08, None), (0.05, None)))
+    (row,) = [r for r in decision["regressions"]["rows"] if r["id"] == AUTO_1K]
+    assert rc == code and row["flag"] == flag and row["ratio"] == pytest.approx(1.6, rel=2e-3)
+    assert decision["regressions"]["flagged"] == ([AUTO_1K] if code else [])
+    assert len(fake.open_issues()) == (1 if code else 0)
+
+
 # (c) ------------------------------------------------------------------------------------------------
 def test_a_smoke_run_never_proposes_and_is_not_saved(tmp_path: Path, fake: FakeGitHub) -> None:
     pipe = Pipeline(tmp_path, "dir", fake)
@@ -328,7 +388,7 @@ def test_a_first_run_without_any_store_keeps_current_values(tmp_path: Path) -> N
     g4 = decision["branches"]["triton_sel"]["classes"]["g4"]
     assert "this run measured 256, but only 1 of 3 runs so far" in g4["reason"]
     assert g4["lasting"]["raw"]["proposed"] == 256 and decision["history"]["store"] == "none"
-    assert decision["regressions"] == {"margin": 0.1, "k": 3, "rows": [], "flagged": []}
+    assert decision["regressions"] == {"margin": 0.1, "k": 3, "time_floor_ms": 0.1, "rows": [], "flagged": []}
     issue = json.loads((pipe.out_dir / "issue.json").read_text())
     assert issue["outcome"] == "dry-run" and issue["planned"] == "skipped"
     assert (pipe.out_dir / "issue_body.md").read_text().startswith("<!-- nsa-regression:")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from github import GithubRetry
 
-from ci import regress
+from ci import history, regress
 from ci.github import Secret, Target, connect
 from ci.github_errors import GitHubError
 from ci.tracking import LABEL, TITLE_PREFIX, TrackResult, plan_issue, track
@@ -60,6 +62,58 @@ def test_machine_drift_cancels_against_the_dense_case_of_the_same_run() -> None:
     recs = hx.records(hx.H100_DECODE, 4, {3: {NSA: 1.3}})
     (bad,) = regress.flagged(regress.regressions(recs[3], recs[:3]))
     assert bad.id == NSA and bad.ratio == pytest.approx(1.3, rel=5e-3)
+
+
+# The whole-NSA `auto` plan at T=1k, the case of the measured H100 replay: two nightlies of one
+# commit on one GPU, the second on a slower host (0.89 -> 1.17 ms, every GPU-bound case unchanged).
+AUTO_1K = "auto/nsa_prefill/autoplan/B1-T1024-Hq64-Hkv4-D128-w512-l32-d16-ls64-n16-planauto-bf16"
+AUTO_KEEP = ("autoplan/B1-T1024-Hq64-Hkv4-",)
+
+
+def auto_nights(now: tuple[float, float | None], base: tuple[float, float | None] = (0.9, 0.6)) -> list:
+    """Three baseline nights of AUTO_1K at ``base`` (median ms, host ms) and night 3 at ``now``."""
+    return [history.build_record(hx.retimed(hx.H100_AUTO, n, {AUTO_1K: now if n == 3 else base}, keep=AUTO_KEEP))
+            for n in range(4)]
+
+
+def one_row(recs: list, **kwargs: Any) -> regress.Row:
+    (row,) = regress.regressions(recs[3], recs[:3], k=3, margin=0.1, **kwargs)
+    assert row.id == AUTO_1K
+    return row
+
+
+def test_a_slower_host_is_flagged_host_not_regression() -> None:
+    row = one_row(auto_nights((1.17, 1.1)))
+    assert row.ratio == pytest.approx(1.3, rel=2e-3) and row.low > 1.1  # slower beyond the margin ...
+    assert row.flag == "host" and row.host_ms == 1.1  # ... but the host alone reaches the baseline's 0.9 ms
+    assert row.baseline_ms == pytest.approx(0.9, rel=2e-3)
+    assert regress.flagged([row]) == [] and regress.flagged([row], "host") == [row]
+
+
+def test_the_same_slowdown_with_a_fast_host_is_a_regression() -> None:
+    row = one_row(auto_nights((1.17, 0.3)))
+    assert row.flag == "regression" and row.host_ms == 0.3
+    # At the boundary: the host reaching exactly the baseline's median counts as host-bound.
+    recs = auto_nights((1.17, 0.0))
+    edge = dataclasses.replace(recs[3], cases=[dataclasses.replace(recs[3].cases[0], host_ms=row.baseline_ms)])
+    assert one_row([*recs[:3], edge]).flag == "host"
+
+
+def test_records_without_host_ms_are_judged_as_before() -> None:
+    row = one_row(auto_nights((1.17, None), base=(0.9, None)))
+    assert row.flag == "regression" and row.host_ms is None
+    assert one_row(auto_nights((0.9, None), base=(0.9, None))).flag == ""
+
+
+def test_a_slowdown_under_the_time_floor_on_both_sides_is_launch_bound() -> None:
+    recs = auto_nights((0.08, None), base=(0.05, None))
+    row = one_row(recs)
+    assert row.ratio == pytest.approx(1.6, rel=2e-3) and row.flag == "launch-bound"
+    assert regress.flagged([row]) == []
+    assert one_row(recs, time_floor_ms=0.0).flag == "regression"  # the floor is the parameter's
+    assert one_row(auto_nights((0.12, None), base=(0.05, None))).flag == "regression"  # now above it
+    with pytest.raises(ValueError, match="time_floor_ms must be a number >= 0"):
+        regress.regressions(recs[3], recs[:3], time_floor_ms=-1.0)
 
 
 def test_ratio_of_ratios_matches_plain_ratio_when_dense_is_constant() -> None:
