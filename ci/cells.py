@@ -106,7 +106,10 @@ def _timing(case: Case) -> dict[str, float] | None:
     timing = case.get("timing")
     if not timing:
         return None
-    return {k: timing[k] for k in ("median_ms", "p20_ms", "p80_ms")} | {"n": len(timing["samples_ms"])}
+    out = {k: timing[k] for k in ("median_ms", "p20_ms", "p80_ms")} | {"n": len(timing["samples_ms"])}
+    if timing.get("host_ms") is not None:  # host enqueue time of one call (bench.timing), when recorded
+        out["host_ms"] = timing["host_ms"]
+    return out
 
 
 def judge(baseline: Case, candidate: Case, margin: float, confidence: float) -> Cell:

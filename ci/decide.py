@@ -6,9 +6,11 @@ threshold rule. Cells are grouped by shape class (`nsa.keys.class_of`: the GQA g
 and a class decides only from its own cells, so one layout never vetoes another that dispatch
 would not confuse with it. Only cells at the model's configured grid (window, compression and
 selection parameters) decide; every other pair is reported only. Cells where both sides are
-faster than `decide.time_floor_ms` are launch-bound and decide nothing. A class whose cells do not
-reach the longest length of the key's decision grid (a smoke or partial run) keeps its value: the
-threshold rule needs every length above the proposal tested, and the longest one most of all.
+faster than `decide.time_floor_ms`, or where on both sides the host's enqueue time of one call
+reaches the timed median (`ci.gates.host_bound`), are launch-bound and decide nothing. A class
+whose cells do not reach the longest length of the key's decision grid (a smoke or partial run)
+keeps its value: the threshold rule needs every length above the proposal tested, and the longest
+one most of all.
 
 Everything here is pure except `load_config`, `decide_files` and `write_decision`.
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import results
-from ci import autobest, stats, values
+from ci import autobest, gates, stats, values
 from ci.cells import (
     Cell,
     case_problem,
@@ -187,6 +189,9 @@ def _mark_use(cell: Cell, cfg: DecideConfig) -> None:
         cell.note = "params must carry Hq and Hkv to give the cell a shape class"
     elif cell.baseline and cell.candidate and max(cell.baseline["median_ms"], cell.candidate["median_ms"]) < floor:
         cell.note = f"launch-bound: both sides under decide.time_floor_ms = {floor:g} ms"
+    elif cell.baseline and cell.candidate and gates.host_bound(cell.baseline) and gates.host_bound(cell.candidate):
+        cell.note = ("launch-bound: on both sides the host's enqueue time of one call (timing.host_ms) "
+                     "reaches the timed median, so the host, not the kernel, ranked them")
     else:
         if not isinstance(cell.T, int):
             raise DecideError(f"case {cell.id}: params.T must be an integer sequence length, got "
@@ -262,7 +267,8 @@ def _class_entry(branch: Branch, cls: str, cells: Sequence[Cell], cfg: DecideCon
                   "never proposes")
     else:
         measured, why = measured_threshold(deciding, cfg.margin, branch.family.label)
-        measured, why = _below_the_floor(measured, why, sorted(by_t), launch_bound, branch.family.label)
+        measured, why = _below_the_floor(measured, why, sorted(by_t), launch_bound, branch.family.label,
+                                         current)
         if measured is None:
             reason = f"keeping {current}: {why}"
         elif measured == current:
@@ -276,20 +282,28 @@ def _class_entry(branch: Branch, cls: str, cells: Sequence[Cell], cfg: DecideCon
 
 
 def _below_the_floor(measured: int | None, why: str, deciding: Sequence[int], launch_bound: Sequence[int],
-                     label: str) -> tuple[int | None, str]:
+                     label: str, current: int | None = None) -> tuple[int | None, str]:
     """Extend an adopted threshold down over the launch-bound lengths just below it.
 
     Their timings decide nothing (launch overhead, not the kernel, ranks the two sides there), so
     they can neither adopt nor reject; where every deciding length from the threshold up adopted,
     the candidate keeps the lengths below it down to the next deciding length. In the whole NSA
     call those lengths are not launch-bound, and the H100 auto suite measured the masked-SDPA
-    window 1.1-1.3x slower there (results/h100/sm90-classes)."""
+    window 1.1-1.3x slower there (results/h100/sm90-classes). A value in force that already lies in
+    that range (from the lowest launch-bound length up to the adopted one) stays: no timing
+    contradicts it, and a change would rest on launch-bound cells alone."""
     if measured is None or measured < 0:
         return measured, why
     below = max((t for t in deciding if t < measured), default=-1)
     extend = [t for t in launch_bound if below < t < measured]
     if not extend:
         return measured, why
+    if current is not None and min(extend) <= current <= measured:
+        # The value in force sits among the launch-bound lengths (or at the adopted one): no timing
+        # contradicts it, so moving it would rest on launch-bound cells alone (docs/pipeline.md).
+        return current, (f"{why}; the value in force {current} lies in the launch-bound lengths "
+                         f"{_join(sorted(extend))} (or at the first adopted one), where timings decide "
+                         f"nothing: kept")
     return min(extend), (f"{why}; extended down to {min(extend)} over the launch-bound lengths "
                          f"{_join(sorted(extend))}, where timings decide nothing and {label} won above")
 

@@ -342,3 +342,53 @@ def test_a_class_short_of_the_decision_grid_keeps_its_value_while_another_decide
     assert win["classes"]["g4"]["proposed"] == -1 and "does not cover the decision grid" in win["classes"]["g4"]["reason"]
     assert win["classes"]["g16"]["proposed"] == 1024
     assert win["proposed"] == {"g1": -1, "g2": -1, "g4": -1, "g8": -1, "g16": 1024}
+
+
+def _host(cases: list, lengths: set[int], factor: float) -> list:
+    """Give the cases at `lengths` a host enqueue time of `factor` x their median (bench.timing)."""
+    for c in cases:
+        if c["params"]["T"] in lengths:
+            c["timing"]["host_ms"] = c["timing"]["median_ms"] * factor
+    return cases
+
+
+def test_host_bound_cells_are_launch_bound_and_the_value_in_force_among_them_stays() -> None:
+    # The H100 nightlies: Triton compressed at G = 1 from 512 to 4096 timed 0.12-0.16 ms on both sides
+    # with 0.2 ms of host enqueue time, so the host ranked them; 8192 and up adopted. With the value in
+    # force (512) among those launch-bound lengths, nothing proposes a change.
+    cfg = fx.config()
+    cfg["profiles"]["sm90"]["fa2_min_len_win"] = 512
+    cases = _host(fx.sweep("sliding", {512: 0.8, 1024: 0.9, 2048: 0.9}, sdpa_ms=0.15, cover=False),
+                  {512, 1024, 2048}, 1.3)
+    cases += fx.sweep("sliding", {4096: 3.0, 8192: 3.0})
+    doc = run(cases, cfg)
+    win = doc["branches"]["win"]["classes"]["g4"]
+    notes = {c["T"]: c["note"] for c in doc["cells"] if c["T"] <= 2048}
+    assert all(n.startswith("launch-bound: on both sides the host") for n in notes.values()), notes
+    assert [(x["T"], x["verdict"]) for x in win["lengths"]][:3] == [
+        (512, "launch-bound"), (1024, "launch-bound"), (2048, "launch-bound")]
+    assert win["proposed"] == 512 and win["changed"] is False
+    assert "the value in force 512 lies in the launch-bound lengths 512, 1024, 2048" in win["reason"]
+
+
+def test_a_value_in_force_below_the_launch_bound_lengths_still_moves_up_to_them() -> None:
+    # Off (-1) or under the lowest launch-bound length, the value is contradicted by nothing only down
+    # to that length: the extension proposes it, as before host times were recorded.
+    cases = _host(fx.sweep("sliding", {1024: 0.9, 2048: 0.9}, sdpa_ms=0.15, cover=False), {1024, 2048}, 1.3)
+    cases += fx.sweep("sliding", {4096: 3.0, 8192: 3.0})
+    win = run(cases)["branches"]["win"]["classes"]["g4"]
+    assert win["proposed"] == 1024 and "extended down to 1024" in win["reason"]
+
+
+def test_one_host_bound_side_still_decides() -> None:
+    # The candidate waits on the host but masked SDPA is GPU-bound (the FA-2 side of a long cell):
+    # the comparison is real, and it rejects.
+    cases = fx.sweep("sliding", {2048: 0.5, 4096: 0.5, 8192: 0.5}, sdpa_ms=0.3)
+    for c in cases:
+        if c["backend"] != "sdpa":
+            c["timing"]["host_ms"] = c["timing"]["median_ms"] * 2
+        else:
+            c["timing"]["host_ms"] = c["timing"]["median_ms"] * 0.2
+    doc = run(cases)
+    assert all(c["used_for_decision"] for c in doc["cells"])
+    assert doc["branches"]["win"]["classes"]["g4"]["proposed"] == -1
