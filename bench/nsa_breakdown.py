@@ -3,7 +3,8 @@
     python bench/nsa_breakdown.py --T 65536 [--json out.json]
     python bench/nsa_breakdown.py --T 65536 --decode-batch 8     # one decode step's stages
 
-Stages: avg compression, the Triton compressed+scores kernel, top-n (Triton, and the torch rule),
+Stages: avg compression, the Triton compressed+scores kernels (default: one-pass output + log-sum-exp, then
+the scores kernel; and the earlier two-pass kernel), top-n (Triton, and the torch rule),
 the Triton selection kernel (alone, and with the gated-sum epilogue), sliding (FA-2, Triton), the torch
 gated sum, the whole forward as the fast suite times it; and dense causal FA-2 / cuDNN for scale. Paper layout
 (64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16 w=512), bf16, B=1.
@@ -12,6 +13,7 @@ gated sum, the whole forward as the fast suite times it; and dense causal FA-2 /
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -65,12 +67,20 @@ def main(argv: list[str] | None = None) -> int:
                                                       is_causal=True, enable_gqa=True)
         return fn
 
+    two_pass = dataclasses.replace(triton_nsa.current_tiles(dev), cmp_lse=False)
+
+    def _two_pass(fn):   # the earlier path: compressed + scores in one two-pass kernel
+        with triton_nsa.use_tiles(two_pass):
+            return fn()
+
     stages = {
         "compress_kv (avg)": lambda: ops.compress_kv(k, v, block=32, stride=16),
         "cmp attention + scores (triton)": lambda: triton_nsa.compressed_and_scores(
             q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5),
         "cmp attention only (triton)": lambda: triton_nsa.compressed_and_scores(
             q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5, scores=False),
+        "cmp attention + scores (two-pass kernel)": lambda: _two_pass(lambda: triton_nsa.compressed_and_scores(
+            q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5)),
         "top-n (triton)": lambda: triton_nsa.topn(scores, 0, sel_block=64, sel_count=16),
         "top-n (torch, select_from_scores)": lambda: select_from_scores(scores, 0, sel_block=64, sel_count=16),
         "selected attention (triton)": lambda: ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton"),

@@ -29,14 +29,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _variants() -> dict[str, list[dict]]:
-    cmp = [{"score_carry": c} for c in (True, False)]
-    cmp += [{"cmp_rows": r, "cmp_bc": bc, "cmp_warps": w, "cmp_stages": s}
+    cmp = [{"cmp_lse": True}] + [{"cmp_lse": False, "score_carry": c} for c in (True, False)]
+    cmp += [{"cmp_lse": False, "cmp_rows": r, "cmp_bc": bc, "cmp_warps": w, "cmp_stages": s}
             for r, bc, w, s in itertools.product((16, 32, 64), (32, 64), (1, 2, 4), (2, 3)) if w * 16 <= r]
+    lse = [{"lse_rows": r, "lse_bc": bc, "lse_warps": w, "lse_stages": s}
+           for r, bc, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)) if w * 16 <= r]
+    scr = [{"scr_bq": q, "scr_bk": k, "scr_warps": w, "scr_stages": s}
+           for q, k, w, s in itertools.product((32, 64, 128), (64, 128, 256), (4, 8), (2, 3))]
     sel = [{"sel_warps": w, "sel_stages": s} for w, s in itertools.product((1, 2, 4), (2, 3))]
     dec = [{"split_tiles": n, "split_warps": w} for n, w in itertools.product((1, 2, 4, 8), (1, 2, 4))]
     win = [{"win_rows": r, "win_bn": bn, "win_warps": w, "win_stages": s}
            for r, bn, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)) if w * 16 <= r]
-    return {"cmp": cmp, "sel": sel, "dec": dec, "win": win}
+    path = [{"cmp_lse": True}, {"cmp_lse": False}]
+    return {"path": path, "cmp": cmp, "lse": lse, "scr": scr, "sel": sel, "dec": dec, "win": win}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--T", type=int, default=65536)
     ap.add_argument("--profile", help="base Tiles profile (sm90, default, ...); default: this GPU's")
     ap.add_argument("--json", help="write every variant's samples (ms) here")
+    ap.add_argument("--kinds", default="path,cmp,lse,scr,sel,dec,win",
+                    help="comma-separated kernel families to sweep (default: all)")
     args = ap.parse_args(argv)
+    kinds = [x for x in args.kinds.split(",") if x]
+    unknown = sorted(set(kinds) - set(_variants()))
+    if unknown:
+        print(f"unknown --kinds {unknown}; choose from {sorted(_variants())}", file=sys.stderr)
+        return 2
 
     import torch
 
@@ -69,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         o_ref, s_ref = cmp()
         idx = triton_nsa.topn(s_ref, 0, sel_block=64, sel_count=16)
 
+    def lse():   # the one-pass kernel alone (no scores)
+        return triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5,
+                                                scores=False)
+
     def sel():
         return ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton")
 
@@ -84,16 +100,19 @@ def main(argv: list[str] | None = None) -> int:
                                                 q_start=t - 1)
 
     with triton_nsa.use_tiles(base):
-        refs = {"cmp": (o_ref, s_ref), "sel": sel(), "dec": dec(), "win": win()}
+        refs = {"path": (o_ref, s_ref), "cmp": (o_ref, s_ref), "scr": (o_ref, s_ref), "lse": lse()[0], "sel": sel(), "dec": dec(),
+                "win": win()}
     timer = Timer(warmup_ms=25, rep_ms=200, min_rep=5, max_rep=20)
-    report: dict[str, list[dict]] = {"cmp": [], "sel": [], "dec": [], "win": []}
-    for kind, fn in (("cmp", cmp), ("sel", sel), ("dec", dec), ("win", win)):
+    report: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    fns = {"path": cmp, "cmp": cmp, "scr": cmp, "lse": lambda: lse()[0], "sel": sel, "dec": dec, "win": win}
+    for kind in kinds:
+        fn = fns[kind]
         for var in _variants()[kind]:
             row: dict = {"tiles": var}
             try:
                 with triton_nsa.use_tiles(dataclasses.replace(base, **var)):
                     out = fn()
-                    if kind in ("cmp", "dec"):
+                    if kind in ("path", "cmp", "scr", "dec"):
                         ok = (torch.allclose(out[0].float(), refs[kind][0].float(), rtol=2e-2, atol=2e-2)
                               and torch.allclose(out[1], refs[kind][1], rtol=1e-5, atol=1e-6))
                     else:

@@ -60,19 +60,51 @@ def _score_ref(q, kc, t, nb, shape, scale, block=8, stride=4, sel_block=16):
     return ref.view(shape[0], shape[3], shape[2] // shape[3], t, nb).sum(2).permute(0, 2, 1, 3)
 
 
-@pytest.mark.parametrize("carry", [True, False], ids=["carry", "read-modify-write"])
+@pytest.mark.parametrize("layout", ["lse", "carry", "read-modify-write"])
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-def test_triton_score_layouts_agree(shape, carry, seed, tiles):
-    """Scores carried in registers across tiles or read-modify-written give the oracle's scores
-    (the shapes cover both block maps: G=1 takes the fp32 dot, G=4/16 the broadcast-sum)."""
-    tiles(score_carry=carry)
+def test_triton_score_layouts_agree(shape, layout, seed, tiles):
+    """Every prefill score path gives the oracle's scores and output: the one-pass kernel with the
+    log-sum-exp and the scores kernel (scores.py, the default), and the two-pass kernel with the
+    spill carried in registers or read-modify-written (the shapes cover both of its block maps:
+    G=1 takes the fp32 dot, G=4/16 the broadcast-sum)."""
+    tiles(cmp_lse=layout == "lse", score_carry=layout == "carry")
     q, k, v = qkv(*shape, device=DEV)
     kc, vc = ops.compress_kv(k, v, block=8, stride=4)
     scale = shape[4] ** -0.5
-    _, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=8, stride=4, sel_block=16, scale=scale)
+    out, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=8, stride=4, sel_block=16, scale=scale)
     t = shape[1]
     ref = _score_ref(q, kc, t, (t - 1) // 16 + 1, shape, scale)
     assert torch.allclose(scores.double(), ref, rtol=1e-5, atol=1e-5)
+    assert rel_err(out, reference.compressed_attention(q, kc, vc, block=8, stride=4)) < 1e-5
+
+
+# (block, stride, sel_block): E = l/d tokens' segments against R = l'/d segments per block.
+GEOMETRIES = [(8, 4, 16), (4, 4, 16), (12, 4, 16), (16, 4, 16), (16, 8, 32)]
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=[f"l{g[0]}-d{g[1]}-sel{g[2]}" for g in GEOMETRIES])
+def test_triton_scores_kernel_geometries(geometry, seed, tiles):
+    """The scores kernel's stride map (weights d*min(R-r, E) to the own block, d*max(0, r+E-R)
+    to the next) against the oracle's overlap weights, over several key tiles (T = 700: the
+    blocks shared by neighbouring tiles take the atomic adds), queries that see nothing, a
+    query tile cut by T, and a chunk of queries starting at q_start > 0."""
+    block, stride, sel_block = geometry
+    tiles(cmp_lse=True, scr_bq=16, scr_bk=16 * sel_block // stride)
+    shape = (1, 700, 8, 2, 16, 16)
+    q, k, v = qkv(*shape, device=DEV)
+    kc, vc = ops.compress_kv(k, v, block=block, stride=stride)
+    scale = 16 ** -0.5
+    out, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=block, stride=stride, sel_block=sel_block,
+                                                   scale=scale)
+    nb = (700 - 1) // sel_block + 1
+    ref = _score_ref(q, kc, 700, nb, shape, scale, block, stride, sel_block)
+    assert torch.allclose(scores.double(), ref, rtol=1e-5, atol=1e-6)
+    assert rel_err(out, reference.compressed_attention(q, kc, vc, block=block, stride=stride)) < 1e-5
+    start = 301
+    o_c, s_c = triton_nsa.compressed_and_scores(q[:, start:], kc, vc, block=block, stride=stride,
+                                                sel_block=sel_block, scale=scale, q_start=start)
+    assert torch.allclose(s_c, scores[:, start:], rtol=1e-5, atol=1e-6)
+    assert rel_err(o_c, out[:, start:]) < 1e-5
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
@@ -138,20 +170,22 @@ def test_interpreter_flag_is_what_cpu_runs_use():
         assert os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@pytest.mark.parametrize("two_stage", [False, True], ids=["one-pass", "chunks+merge"])
+@pytest.mark.parametrize("mode", ["one-pass", "chunks+merge"])
 @pytest.mark.parametrize("q_start", [0, 40])
-def test_triton_topn_matches_select_topn(q_start, two_stage, seed, tiles):
-    """Same blocks as the PyTorch rule, including ties (scores drawn from a few values), rows with
-    fewer candidates than n (-1 padding) and a decode-like q_start; also the few-rows path that
-    splits each row over chunks of 4 blocks and merges the chunks' candidates."""
+def test_triton_topn_matches_select_topn(q_start, mode, seed, tiles):
+    """Same blocks as the PyTorch rule, including ties (scores drawn from a few values, signed
+    zeros and negatives among them), rows with fewer candidates than n (-1 padding) and a
+    decode-like q_start; also the few-rows path that splits each row over chunks of 4 blocks and merges the chunks'
+    candidates."""
     from nsa.selection import select_topn
 
-    tiles(topn_split_rows=10 ** 9 if two_stage else 0)
+    tiles(topn_split_rows=10 ** 9 if mode == "chunks+merge" else 0)
     tiles(topn_chunk=4)
 
     b, tq, hkv, sel_block, n = 2, 29, 3, 4, 5
     nb = (q_start + tq - 1) // sel_block + 1
-    scores = torch.randint(0, 4, (b, tq, hkv, nb), device=DEV).float() / 4
+    scores = (torch.randint(0, 5, (b, tq, hkv, nb), device=DEV).float() - 1) / 4
+    scores[scores == 0] = torch.where(torch.rand_like(scores[scores == 0]) < 0.5, 0.0, -0.0)
     ours = triton_nsa.topn(scores, q_start, sel_block=sel_block, sel_count=n)
     q_pos = torch.arange(q_start, q_start + tq, device=DEV)
     want = select_topn(scores.permute(0, 2, 1, 3), q_pos, sel_block=sel_block, sel_count=n)

@@ -54,6 +54,9 @@ def test_use_tiles_scopes_an_override_and_nests():
     ({"sel_warps": 0}, "sel_warps must be an int >= 1"),
     ({"topn_split_rows": -1}, "topn_split_rows must be an int >= 0"),
     ({"score_carry": 1}, "score_carry must be a bool"),
+    ({"cmp_lse": "yes"}, "cmp_lse must be a bool"),
+    ({"scr_bk": 8}, "scr_bk must be >= 16"),
+    ({"lse_rows": 96}, "lse_rows must be a power of two"),
 ])
 def test_tiles_reject_values_the_kernels_cannot_take(changes, match):
     with pytest.raises(ValueError, match=match):

@@ -16,6 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from nsa.backends.triton_kernels import common
+from nsa.backends.triton_kernels import scores as _scr
 from nsa.backends.triton_kernels.cmp_tile import _carried_scores, _cmp_logits, _group_scores, _pv_tile
 from nsa.backends.triton_kernels.common import np2, pow2, unit_last_stride
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
@@ -236,6 +237,9 @@ def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int
         return _compressed_split(q, k_cmp, v_cmp, o, s, block=block, stride=stride, sel_block=sel_block, scale=scale,
                                  q_start=q_start, scores=scores, btq=btq, gp=gp, bc=bc, mode=mode, shift=shift,
                                  chunk=chunk, n_split=triton.cdiv(max_vis, chunk), tiles=tiles)
+    if tiles.cmp_lse and (not scores or _stride_map(block, stride, sel_block, tiles) is not None):
+        return _compressed_lse(q, k_cmp, v_cmp, o, s, block=block, stride=stride, sel_block=sel_block, scale=scale,
+                               q_start=q_start, scores=scores, tiles=tiles)
     bnb = np2((bc * stride + block) // sel_block + 2, 16)
     _cmp_group[(triton.cdiv(tq, btq), b * hkv)](
         q, k_cmp, v_cmp, o, s, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
@@ -273,3 +277,45 @@ def _compressed_split(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Ten
     out = pacc.sum(0).view(b, hkv, btq, gp, bdv)[:, :, :tq, :hq // hkv, :dv]
     o.copy_(out.permute(0, 2, 1, 3, 4).reshape(b, tq, hq, dv))
     return o, s if scores else None
+
+
+def _stride_map(block: int, stride: int, sel_block: int, tiles: Tiles) -> tuple[int, int] | None:
+    """(R, E) = (l' / d, l / d) when the scores kernel's block map applies (scores.py): d divides
+    l and l', E <= R, R a power of two, and the kernel's key tile holds >= 16 whole blocks."""
+    if block % stride or sel_block % stride:
+        return None
+    r, e = sel_block // stride, block // stride
+    if e > r or not pow2(r) or tiles.scr_bk % r or tiles.scr_bk // r < 16:
+        return None
+    return r, e
+
+
+def _compressed_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tensor, *, block: int, stride: int,
+                    sel_block: int, scale: float, q_start: int, scores: bool,
+                    tiles: Tiles) -> tuple[Tensor, Tensor | None]:
+    """Prefill as two kernels (scores.py): output + log-sum-exp in one pass, then, with `scores`,
+    the group scores from the log-sum-exp over (key tile, query tile) programs."""
+    b, tq, hq, dk = q.shape
+    tc, hkv, dv = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[-1]
+    group = hq // hkv
+    gp = triton.next_power_of_2(group)
+    btq = max(max(1, 16 // gp), min(max(1, tiles.lse_rows // gp), triton.next_power_of_2(tq)))
+    lse = torch.empty(b, hq, tq, dtype=torch.float32, device=q.device)
+    exact = q.dtype == torch.float32
+    _scr._cmp_lse[(triton.cdiv(tq, btq), b * hkv)](
+        q, k_cmp, v_cmp, o, lse, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
+        k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        lse.stride(0), lse.stride(1), tq, tc, q_start, scale,
+        TC_ALL=tc if interpreting() else 0, HKV=hkv, G=group, GP=gp, BTQ=btq, L=block, D=stride, DK=dk, DV=dv,
+        BC=tiles.lse_bc, BDK=np2(dk), BDV=np2(dv), IEEE=exact, DYN_LOOP=not interpreting(), **tiles.launch("lse"))
+    if not scores:
+        return o, None
+    r, e = _stride_map(block, stride, sel_block, tiles)
+    bq, bk = tiles.scr_bq, tiles.scr_bk
+    _scr._cmp_scores[(triton.cdiv(tc, bk), triton.cdiv(tq, bq), b * hkv)](
+        q, k_cmp, lse, s, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2),
+        lse.stride(0), lse.stride(1), s.stride(0), s.stride(1), s.stride(2), tq, tc, s.shape[-1], q_start,
+        scale * _scr.LOG2E,
+        HKV=hkv, G=group, L=block, D=stride, R=r, E=e, BQ=bq, BK=bk, DK=dk, BDK=np2(dk), IEEE=exact,
+        **tiles.launch("scr"))
+    return o, s

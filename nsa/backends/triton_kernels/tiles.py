@@ -32,6 +32,15 @@ class Tiles:
     cmp_warps: int = 4            # one warp per query's 16 heads: the sum over heads stays in a warp
     cmp_stages: int | None = 3
     score_carry: bool = True      # carry block spill in registers when the tile ends on a block edge
+    cmp_lse: bool = True          # prefill: one-pass output + log-sum-exp, then the scores kernel (scores.py)
+    lse_rows: int = 64            # one-pass kernel: (query, head) rows per program
+    lse_bc: int = 64              # one-pass kernel: compressed keys per tile
+    lse_warps: int = 4
+    lse_stages: int | None = 3
+    scr_bq: int = 64              # scores kernel: queries per program
+    scr_bk: int = 64              # scores kernel: compressed keys per program (a multiple of 16 * l' / d)
+    scr_warps: int = 4
+    scr_stages: int | None = 2
     sel_warps: int = 2
     sel_stages: int | None = 2
     split_tiles: int = 8          # decode: compressed tiles per chunk of the split kernel
@@ -49,9 +58,9 @@ class Tiles:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "score_carry":
+            if f.name in ("score_carry", "cmp_lse"):
                 if not isinstance(value, bool):
-                    raise ValueError(f"Tiles.score_carry must be a bool, got {value!r}")
+                    raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
             if value is None and f.name.endswith("_stages"):
                 continue
@@ -61,16 +70,17 @@ class Tiles:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
                                  "triton_kernels/tiles.py for the meaning of each field")
         for name in ("cmp_rows", "cmp_bc", "win_rows", "win_bn", "topn_chunk", "cmp_warps", "sel_warps",
-                     "split_warps", "win_warps"):
+                     "split_warps", "win_warps", "lse_rows", "lse_bc", "lse_warps",
+                     "scr_bq", "scr_bk", "scr_warps"):
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two (tl.arange sizes, warps), got {value}")
-        for name in ("cmp_bc", "win_bn"):
+        for name in ("cmp_bc", "win_bn", "lse_bc", "scr_bq", "scr_bk", "lse_rows"):
             if getattr(self, name) < 16:
                 raise ValueError(f"Tiles.{name} must be >= 16 (tl.dot's smallest tile), got {getattr(self, name)}")
 
     def launch(self, prefix: str) -> dict[str, int]:
-        """`num_warps` / `num_stages` of kernel family `prefix` (cmp, sel, split, win)."""
+        """`num_warps` / `num_stages` of kernel family `prefix` (cmp, sel, split, win, lse, scr)."""
         opts = {"num_warps": getattr(self, f"{prefix}_warps")}
         stages = getattr(self, f"{prefix}_stages")
         if stages is not None:
@@ -85,7 +95,7 @@ class Tiles:
 PROFILES: dict[str, Tiles] = {
     "sm90": Tiles(),
     "default": Tiles(),
-    "cpu": Tiles(cmp_rows=16, cmp_bc=16, win_rows=16, win_bn=16),
+    "cpu": Tiles(cmp_rows=16, cmp_bc=16, win_rows=16, win_bn=16, lse_rows=16, lse_bc=16, scr_bq=16, scr_bk=64),
 }
 
 _override: contextvars.ContextVar[Tiles | None] = contextvars.ContextVar("nsa_triton_tiles", default=None)

@@ -1,0 +1,164 @@
+"""Prefill compressed attention as two independent kernels: the branch output with its
+log-sum-exp (one online-softmax pass), then the selection scores from that log-sum-exp.
+
+`_cmp_lse`: one program per (BTQ queries, KV group), rows = every (query, head) pair of the
+group (like `compressed._cmp_group`), flash-attention style: one pass over the visible
+compressed keys with the output rescaled as the running max moves; writes the output and
+`lse[b, head, t]` (natural log; `+inf` for a query that sees no compressed token).
+
+`_cmp_scores`: one program per (compressed-key tile, query tile, KV group); the key tile is
+loaded once, then for each head of the group `p = exp(q . k * scale - lse)` (the exact softmax
+probabilities, no running max) is added into one `[BQ, BK]` fp32 tile: the head sum of Eq. 10
+is a register add. Tiles wholly above the causal staircase return at once. The epilogue maps
+the summed probabilities to selection blocks (Eq. 9) by the stride structure of the weights
+(below) and writes each `[BQ, BK / R]` block tile once; the two block columns a tile shares
+with its neighbours are atomic adds onto the zeroed scores, two addends each, so the result
+does not depend on the programs' order.
+
+Block map, for `d | l`, `d | l'`, `E = l / d <= R = l' / d`, R a power of two: with segments of
+`d` tokens, compressed token `i` covers segments `i .. i+E-1` and block `j` segments
+`jR .. jR+R-1`, so token `jR + r` gives `d * min(R - r, E)` to block `j` and
+`d * max(0, r + E - R)` to block `j + 1` (the paper's 16/32/32/32/16 weights). Other sizes use
+`compressed._cmp_group`'s general map.
+
+Precision: logits, probabilities and sums in fp32 from any input dtype (the scores differ from
+the two-pass kernel's by fp32 rounding only; docs/nsa.md, "Precision").
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _cmp_lse(Q, KC, VC, Out, LSE,
+             sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slh,
+             T, Tc, q_start, scale,
+             TC_ALL: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+             BTQ: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
+             DK: tl.constexpr, DV: tl.constexpr, BC: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+             IEEE: tl.constexpr, DYN_LOOP: tl.constexpr):
+    """Compressed attention, one online-softmax pass, + the rows' log-sum-exp."""
+    M: tl.constexpr = BTQ * GP
+    n_tiles = tl.cdiv(T, BTQ)
+    pid_t = n_tiles - 1 - tl.program_id(0)        # heaviest (latest) tiles first
+    bh = tl.program_id(1)
+    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
+    h = bh % HKV
+    rows = tl.arange(0, M)
+    offs_t = pid_t * BTQ + rows // GP
+    g = rows % GP
+    row_ok = (offs_t < T) & (g < G)
+    t_abs = q_start + offs_t
+    nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
+    nvis = tl.where(row_ok, tl.minimum(nvis, Tc), 0)
+    t_last = q_start + tl.minimum(pid_t * BTQ + BTQ, T) - 1
+    max_vis = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
+    offs_dk = tl.arange(0, BDK)
+    offs_dv = tl.arange(0, BDV)
+    heads = h * G + g
+    q = tl.load(Q + b * sqb + offs_t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
+                mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    kc_base = b * skb + h * skh
+    vc_base = b * svb + h * svh
+    m_i = tl.full([M], float("-inf"), tl.float32)
+    l_i = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, BDV], tl.float32)
+    for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
+        offs_c = c0 + tl.arange(0, BC)
+        kc = tl.load(KC + kc_base + offs_c[:, None] * skt + offs_dk[None, :],
+                     mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
+        if IEEE:
+            qk = tl.dot(q, tl.trans(kc), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(kc))
+        qk = tl.where(offs_c[None, :] < nvis[:, None], qk * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(qk - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vc = tl.load(VC + vc_base + offs_c[:, None] * svt + offs_dv[None, :],
+                     mask=(offs_c[:, None] < Tc) & (offs_dv[None, :] < DV), other=0.0)
+        if IEEE:
+            pv = tl.dot(p, vc.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(vc.dtype), vc)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    tl.store(Out + b * sob + offs_t[:, None] * sot + heads[:, None] * soh + offs_dv[None, :],
+             o.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
+    lse = tl.where(empty, float("inf"), tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(tl.where(empty, 1.0, l_i)))
+    tl.store(LSE + b * slb + heads * slh + offs_t, lse, mask=row_ok)
+
+
+@triton.jit
+def _cmp_scores(Q, KC, LSE, S,
+                sqb, sqt, sqh, skb, skt, skh, slb, slh, ssb, sst, ssh,
+                T, Tc, NB, q_start, qk_scale2,
+                HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
+                E: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr, BDK: tl.constexpr,
+                IEEE: tl.constexpr):
+    """Group scores of one (key tile, query tile, group) from the rows' log-sum-exp (log2 units
+    come from `qk_scale2 = scale * log2(e)` and `lse * log2(e)`)."""
+    pid_k = tl.program_id(0)
+    pid_q = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = (bh // HKV).to(tl.int64)
+    h = bh % HKV
+    t0 = pid_q * BQ
+    c0 = pid_k * BK
+    t_last = q_start + tl.minimum(t0 + BQ, T) - 1
+    vis_last = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
+    if c0 >= vis_last:        # the whole tile lies above the causal staircase
+        return
+    offs_q = t0 + tl.arange(0, BQ)
+    q_ok = offs_q < T
+    t_abs = q_start + offs_q
+    nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
+    nvis = tl.minimum(nvis, Tc)
+    offs_c = c0 + tl.arange(0, BK)
+    offs_dk = tl.arange(0, BDK)
+    kc = tl.load(KC + b * skb + h * skh + offs_c[:, None] * skt + offs_dk[None, :],
+                 mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
+    kt = tl.trans(kc)
+    q_rows = Q + b * sqb + offs_q[:, None].to(tl.int64) * sqt + offs_dk[None, :]
+    acc = tl.zeros([BQ, BK], tl.float32)
+    for g in range(G):
+        head = h * G + g
+        q = tl.load(q_rows + head * sqh, mask=q_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+        lse2 = tl.load(LSE + b * slb + head * slh + offs_q, mask=q_ok, other=float("inf")) * 1.4426950408889634
+        if IEEE:
+            s = tl.dot(q, kt, input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        acc += tl.exp2(s * qk_scale2 - lse2[:, None])
+    # Invisible entries (and rows that see nothing: lse = +inf) leave the sum here, by select.
+    acc = tl.where((offs_c[None, :] < nvis[:, None]) & q_ok[:, None], acc, 0.0)
+    NBK: tl.constexpr = BK // R
+    p3 = tl.reshape(acc, [BQ, NBK, R])
+    r = tl.arange(0, R)
+    w_own = (D * tl.minimum(R - r, E)).to(tl.float32)
+    w_next = (D * tl.maximum(r + E - R, 0)).to(tl.float32)
+    own = tl.sum(p3 * w_own[None, None, :], 2)                 # [BQ, NBK]: to block jb + i
+    nxt = tl.sum(p3 * w_next[None, None, :], 2)                # to block jb + i + 1
+    i = tl.arange(0, NBK)
+    shift = (i[None, :] == i[:, None] + 1).to(tl.float32)      # column i -> i + 1, exact in fp32
+    tot = own + tl.dot(nxt, shift, input_precision="ieee")
+    jb = c0 // R
+    offs_j = jb + i
+    rows = S + b * ssb + offs_q[:, None].to(tl.int64) * sst + h * ssh
+    inner = q_ok[:, None] & (offs_j[None, :] < NB) & (i[None, :] > 0)
+    tl.store(rows + offs_j[None, :], tot, mask=inner)
+    # Column 0 also gets the previous tile's spill, and the last column spills into the next
+    # tile's first block: atomic adds, two per block, onto zeros (order-independent).
+    first = tl.sum(tl.where(i[None, :] == 0, tot, 0.0), 1)
+    spill = tl.sum(tl.where(i[None, :] == NBK - 1, nxt, 0.0), 1)
+    edge = S + b * ssb + offs_q.to(tl.int64) * sst + h * ssh
+    tl.atomic_add(edge + jb, first, mask=q_ok & (jb < NB), sem="relaxed")
+    tl.atomic_add(edge + jb + NBK, spill, mask=q_ok & (jb + NBK < NB), sem="relaxed")
