@@ -44,6 +44,7 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
 if triton is not None:
     from nsa.backends.triton_kernels import compressed as _cmp
     from nsa.backends.triton_kernels import selection as _sel
+    from nsa.backends.triton_kernels import selection_blocks as _selb
     from nsa.backends.triton_kernels import sliding as _win
     from nsa.backends.triton_kernels import topn as _topn
 
@@ -129,13 +130,22 @@ def sliding(call: AttnCall) -> Tensor:
                         k_start=call.k_start, tiles=_tiles(call.q, None))
 
 
+def _selection(q: Tensor, k: Tensor, tiles: Tiles):
+    """The selection kernel family for this call: block-centric (selection_blocks.py) for small
+    groups over many rows (prefill), else group-centric (selection.py)."""
+    group, rows = q.shape[2] // k.shape[2], q.shape[0] * q.shape[1] * k.shape[2]
+    return _selb if group <= tiles.selb_max_group and rows >= tiles.selb_min_rows else _sel
+
+
 def selected(call: AttnCall) -> Tensor:
     """Selected attention over `call.block_indices [B, Tq, Hkv, n]` -> `[B, Tq, Hq, dv]`."""
     _require()
     _check_qkv(call.q, call.k, call.v)
     _check_block("sel_block", call.sel_block)
-    return _sel.selected(call.q, call.k, call.v, call.block_indices, sel_block=call.sel_block, scale=call.scale,
-                         q_start=call.q_start, k_start=call.k_start, tiles=_tiles(call.q, None))
+    tiles = _tiles(call.q, None)
+    return _selection(call.q, call.k, tiles).selected(call.q, call.k, call.v, call.block_indices,
+                                                      sel_block=call.sel_block, scale=call.scale,
+                                                      q_start=call.q_start, k_start=call.k_start, tiles=tiles)
 
 
 def selected_gated(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, scale: float,
@@ -154,8 +164,9 @@ def selected_gated(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: i
                              f"got {list(x.shape)} strides {x.stride()}")
     if tuple(gates.shape) != (*q.shape[:3], 3):
         raise ValueError(f"gates must be [B, Tq, Hq, 3], got {list(gates.shape)}")
-    return _sel.selected(q, k, v, idx, sel_block=sel_block, scale=scale, q_start=q_start, k_start=k_start,
-                         tiles=_tiles(q, tiles), gated=(gates, o_cmp, o_win))
+    tiles = _tiles(q, tiles)
+    return _selection(q, k, tiles).selected(q, k, v, idx, sel_block=sel_block, scale=scale, q_start=q_start,
+                                            k_start=k_start, tiles=tiles, gated=(gates, o_cmp, o_win))
 
 
 def sliding_decode(q: Tensor, k_w: Tensor, v_w: Tensor, *, t: int, scale: float, block: int = 64,

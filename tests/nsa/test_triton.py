@@ -53,6 +53,30 @@ def test_triton_selected_matches_oracle(shape, split, seed, tiles):
     assert rel_err(out_t, out[:, t:t + 1]) < 1e-5
 
 
+@pytest.mark.parametrize("shape", SHAPES + [(1, 300, 4, 4, 16, 16)], ids=IDS + ["B1-T300-Hq4-Hkv4-dk16-dv16"])
+def test_triton_block_centric_selection_matches_oracle(shape, seed, tiles):
+    """The block-centric path (selection_blocks.py: entries sorted by key block, one program per
+    chunk of a block's list, partials combined per query): the oracle's output for GQA 1/4/16,
+    lists longer than one chunk (block 0 is chosen by every query; T=300 gives 19 blocks), a
+    chunk of queries at q_start > 0, and the gated epilogue."""
+    tiles(selb_max_group=16, selb_min_rows=0, selb_rows=16)
+    q, k, v = qkv(*shape, device=DEV)
+    kc, vc = ops.compress_kv(k, v, block=8, stride=4)
+    idx = ops.select_blocks(q, kc, block=8, stride=4, sel_block=16, sel_count=4)
+    out = ops.selected_attention(q, k, v, idx, sel_block=16, backend="triton")
+    assert rel_err(out, reference.selected_attention(q, k, v, idx, sel_block=16)) < 1e-5
+    t0 = shape[1] // 2 + 1
+    out_c = ops.selected_attention(q[:, t0:], k, v, idx[:, t0:], sel_block=16, backend="triton", q_start=t0)
+    assert rel_err(out_c, out[:, t0:]) < 1e-5
+    o_cmp = ops.compressed_attention(q, kc, vc, block=8, stride=4)
+    o_win = ops.sliding_window_attention(q, k, v, window=20)
+    gates = torch.sigmoid(rand(*shape[:3], 3, device=DEV))
+    want = gates[..., 0:1] * o_cmp + gates[..., 1:2] * out + gates[..., 2:3] * o_win
+    got = triton_nsa.selected_gated(q, k, v, idx, sel_block=16, scale=shape[4] ** -0.5, gates=gates, o_cmp=o_cmp,
+                                    o_win=o_win)
+    assert rel_err(got, want) < 1e-5
+
+
 def _score_ref(q, kc, t, nb, shape, scale, block=8, stride=4, sel_block=16):
     p = compressed_probs(q.double(), kc.double(), torch.arange(t, device=q.device), block=block, stride=stride,
                          scale=scale)

@@ -46,6 +46,11 @@ class Tiles:
     split_tiles: int = 8          # decode: compressed tiles per chunk of the split kernel
     split_warps: int = 1
     split_stages: int | None = None
+    selb_max_group: int = 4       # prefill selection block-centric (selection_blocks.py) for groups <= this; 0: never
+    selb_min_rows: int = 4096     # ... and at least this many (query, KV head) rows
+    selb_rows: int = 64           # block-centric kernel: (entry, head) rows per program
+    selb_warps: int = 4
+    selb_stages: int | None = None
     sel_split: int = 4            # decode: programs per row of the selection kernel (blocks split)
     sel_split_rows: int = 1024    # fewer (query, group) rows than this: split
     topn_split_rows: int = 2048   # fewer score rows than this (decode): two-stage top-n over chunks
@@ -65,22 +70,22 @@ class Tiles:
             if value is None and f.name.endswith("_stages"):
                 continue
             # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
-            low = 0 if f.name in ("sel_split_rows", "topn_split_rows") else 1
+            low = 0 if f.name in ("sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
                                  "triton_kernels/tiles.py for the meaning of each field")
         for name in ("cmp_rows", "cmp_bc", "win_rows", "win_bn", "topn_chunk", "cmp_warps", "sel_warps",
                      "split_warps", "win_warps", "lse_rows", "lse_bc", "lse_warps",
-                     "scr_bq", "scr_bk", "scr_warps"):
+                     "scr_bq", "scr_bk", "scr_warps", "selb_rows", "selb_warps"):
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two (tl.arange sizes, warps), got {value}")
-        for name in ("cmp_bc", "win_bn", "lse_bc", "scr_bq", "scr_bk", "lse_rows"):
+        for name in ("cmp_bc", "win_bn", "lse_bc", "scr_bq", "scr_bk", "lse_rows", "selb_rows"):
             if getattr(self, name) < 16:
                 raise ValueError(f"Tiles.{name} must be >= 16 (tl.dot's smallest tile), got {getattr(self, name)}")
 
     def launch(self, prefix: str) -> dict[str, int]:
-        """`num_warps` / `num_stages` of kernel family `prefix` (cmp, sel, split, win, lse, scr)."""
+        """`num_warps` / `num_stages` of kernel family `prefix` (cmp, sel, split, win, lse, scr, selb)."""
         opts = {"num_warps": getattr(self, f"{prefix}_warps")}
         stages = getattr(self, f"{prefix}_stages")
         if stages is not None:

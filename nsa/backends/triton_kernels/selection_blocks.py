@@ -1,0 +1,180 @@
+"""Selected attention, block-centric, for small GQA groups (prefill).
+
+The group-centric kernel (selection.py) loads `n` blocks of keys/values for every (query, KV
+group): at G = 1 or 4 each load serves 1 or 4 query heads, so the branch is bound by those
+gathers (at G = 1, 64k tokens, 16 KV heads: ~550 GB from L2). Here the selection is inverted:
+for each (batch, KV head, key block) the list of (query, slot) entries that selected it; one
+program takes a chunk of one list, loads that key block once, and attends the chunk's
+queries x heads to it (rows = entries x heads, causal mask per row), writing each row's
+partial softmax state `(m, l, acc / l)` to a buffer indexed by the entry. A combine kernel then
+merges the `n` partials of each (query, group), in slot order, and applies the gated sum.
+
+Inversion: a stable sort of the entries by (batch, KV head, block), the lists' starts, and a
+chunk table; programs find their list by a binary search over the chunk table, so the launch
+needs no host synchronisation (the grid is an upper bound; spare programs return).
+
+Memory: the partial buffer is `B * T * Hkv * n * G * (dv + 2)` fp32, which is why this path is
+for small groups (at G = 16 it would write more than the gathers it saves).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from nsa.backends.triton_kernels import common
+from nsa.backends.triton_kernels.common import np2
+from nsa.backends.triton_kernels.selection import _gated
+from nsa.backends.triton_kernels.tiles import Tiles
+
+
+@triton.jit
+def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, PART,
+              sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
+              Tq, T_k, q_start, k_start, scale, NL, NBK,
+              HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
+              DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+              LOG: tl.constexpr, IEEE: tl.constexpr):
+    """One chunk of BQ entries of one (batch, KV head, block) list -> partial (m, l, o) rows."""
+    p = tl.program_id(0)
+    if p >= tl.load(CSTART + NL):
+        return
+    lo = p * 0
+    hi = p * 0 + NL
+    for _ in range(LOG):           # the list whose chunks hold program p: CSTART[lo] <= p < CSTART[lo + 1]
+        mid = (lo + hi) // 2
+        go = tl.load(CSTART + mid) <= p
+        lo = tl.where(go, mid, lo)
+        hi = tl.where(go, hi, mid)
+    chunk = p - tl.load(CSTART + lo)
+    count = tl.load(LCOUNT + lo)
+    first = tl.load(LSTART + lo) + chunk * BQ
+    bh = lo // NBK
+    blk = lo % NBK
+    b = (bh // HKV).to(tl.int64)
+    h = bh % HKV
+    M: tl.constexpr = BQ * GP
+    rows = tl.arange(0, M)
+    slot_in_chunk = rows // GP
+    g = rows % GP
+    ok = (chunk * BQ + slot_in_chunk < count) & (g < G)
+    e = tl.load(ORDER + first + slot_in_chunk, mask=ok, other=0).to(tl.int64)   # flat entry (b, t, h, s)
+    t = (e // (HKV * N_SEL)) % Tq
+    offs_dk = tl.arange(0, BDK)
+    offs_dv = tl.arange(0, BDV)
+    heads = h * G + g
+    q = tl.load(Q + b * sqb + t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
+                mask=ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    pos = blk * SEL + tl.arange(0, SEL)
+    kvalid = (pos >= k_start) & (pos < k_start + T_k)
+    kpos = pos - k_start
+    k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
+                mask=kvalid[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    vis = kvalid[None, :] & (pos[None, :] <= (q_start + t)[:, None])
+    s = tl.where(vis, s * scale, float("-inf"))
+    m = tl.max(s, 1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    pr = tl.exp(s - m_safe[:, None])
+    l_sum = tl.sum(pr, 1)
+    v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
+                mask=kvalid[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    if IEEE:
+        acc = tl.dot(pr, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = tl.dot(pr.to(v.dtype), v)
+    o = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
+    row = (e * G + g) * (DV + 2)
+    tl.store(PART + row, m, mask=ok)
+    tl.store(PART + row + 1, l_sum, mask=ok)
+    tl.store(PART + row[:, None] + 2 + offs_dv[None, :], o, mask=ok[:, None] & (offs_dv[None, :] < DV))
+
+
+@triton.jit
+def _selb_combine(PART, IDX, Out, OC, OW, GT, sib, sit, sih, sob, sot, soh,
+                  scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc, Tq,
+                  HKV: tl.constexpr, G: tl.constexpr, N_SEL: tl.constexpr, DV: tl.constexpr, BG: tl.constexpr,
+                  BDV: tl.constexpr, GATED: tl.constexpr):
+    """out = sum_s w_s l_s o_s / sum_s w_s l_s, w_s = exp(m_s - max m), over the slots of one
+    (query, group) that hold a block (idx >= 0); then the gated sum with GATED."""
+    t = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // HKV).to(tl.int64)
+    h = bh % HKV
+    offs_g = tl.arange(0, BG)
+    offs_dv = tl.arange(0, BDV)
+    gmask = offs_g < G
+    base = ((b * Tq + t) * HKV + h) * N_SEL
+    m = tl.full([BG], float("-inf"), tl.float32)
+    l_tot = tl.zeros([BG], tl.float32)
+    acc = tl.zeros([BG, BDV], tl.float32)
+    for s in range(N_SEL):
+        used = tl.load(IDX + b * sib + t * sit + h * sih + s) >= 0
+        row = ((base + s) * G + offs_g) * (DV + 2)
+        rmask = gmask & used
+        m_s = tl.load(PART + row, mask=rmask, other=float("-inf"))
+        l_s = tl.load(PART + row + 1, mask=rmask, other=0.0)
+        o_s = tl.load(PART + row[:, None] + 2 + offs_dv[None, :], mask=rmask[:, None] & (offs_dv[None, :] < DV),
+                      other=0.0)
+        m_new = tl.maximum(m, m_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - m_safe)
+        w = tl.exp(m_s - m_safe) * l_s
+        l_tot = l_tot * alpha + w
+        acc = acc * alpha[:, None] + w[:, None] * o_s
+        m = m_new
+    o = acc / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
+    heads = h * G + offs_g
+    omask = gmask[:, None] & (offs_dv[None, :] < DV)
+    if GATED:
+        o = _gated(o, OC, OW, GT, b, t, heads, offs_g, offs_dv, omask, scb, sct, sch, swb, swt, swh,
+                   sgb, sgt, sgh, sgc, G)
+    tl.store(Out + b * sob + t * sot + heads[:, None] * soh + offs_dv[None, :], o.to(Out.dtype.element_ty),
+             mask=omask)
+
+
+def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, scale: float, q_start: int,
+             k_start: int, tiles: Tiles, gated: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+    """Same contract as `selection.selected` (prefill, small groups): `q [B, Tq, Hq, dk]` over
+    the blocks `idx [B, Tq, Hkv, n]` (-1 padded) of `k/v [B, Tk, Hkv, d*]`."""
+    b, tq, hq, dk = q.shape
+    tk, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
+    group = hq // hkv
+    n_sel = idx.shape[-1]
+    idx = idx.to(torch.int32).contiguous()
+    o = common.empty_out(b, tq, hq, dv, dtype=q.dtype, device=q.device)
+    gates, o_cmp, o_win = gated if gated is not None else (o, o, o)
+    nbk = max(1, triton.cdiv(k_start + tk, sel_block))
+    n_lists = b * hkv * nbk
+    # Entries (b, t, h, s) in flat order; key = list id (b, h, block), invalid slots last.
+    bh = (torch.arange(b, device=q.device, dtype=torch.int32)[:, None, None, None] * hkv
+          + torch.arange(hkv, device=q.device, dtype=torch.int32)[None, None, :, None])
+    key = torch.where(idx >= 0, bh * nbk + idx, n_lists).flatten()
+    _, order = torch.sort(key, stable=True)
+    counts = torch.bincount(key, minlength=n_lists + 1)[:n_lists]
+    lstart = torch.zeros(n_lists + 1, dtype=torch.int64, device=q.device)
+    lstart[1:] = torch.cumsum(counts, 0)
+    bq = max(1, tiles.selb_rows // triton.next_power_of_2(group))
+    cstart = torch.zeros(n_lists + 1, dtype=torch.int64, device=q.device)
+    cstart[1:] = torch.cumsum((counts + bq - 1) // bq, 0)
+    part = torch.empty(b * tq * hkv * n_sel * group * (dv + 2), dtype=torch.float32, device=q.device)
+    grid = triton.cdiv(b * tq * hkv * n_sel, bq) + n_lists      # >= the number of chunks
+    _selb_fwd[(grid,)](
+        q, k, v, order.to(torch.int32), lstart, counts, cstart, part,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
+        v.stride(2), tq, tk, q_start, k_start, scale, n_lists, nbk,
+        HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, SEL=sel_block, DK=dk, DV=dv, BQ=bq,
+        BDK=np2(dk), BDV=np2(dv), LOG=max(1, n_lists.bit_length()), IEEE=q.dtype == torch.float32,
+        **tiles.launch("selb"))
+    _selb_combine[(tq, b * hkv)](
+        part, idx, o, o_cmp, o_win, gates, idx.stride(0), idx.stride(1), idx.stride(2), o.stride(0), o.stride(1),
+        o.stride(2), o_cmp.stride(0), o_cmp.stride(1), o_cmp.stride(2), o_win.stride(0), o_win.stride(1),
+        o_win.stride(2), gates.stride(0), gates.stride(1), gates.stride(2), gates.stride(3), tq,
+        HKV=hkv, G=group, N_SEL=n_sel, DV=dv, BG=np2(group, 1), BDV=np2(dv), GATED=gated is not None,
+        num_warps=tiles.sel_warps)
+    return o
