@@ -41,7 +41,8 @@ def _variants() -> dict[str, list[dict]]:
     win = [{"win_rows": r, "win_bn": bn, "win_warps": w, "win_stages": s}
            for r, bn, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)) if w * 16 <= r]
     path = [{"cmp_lse": True}, {"cmp_lse": False}]
-    return {"path": path, "cmp": cmp, "lse": lse, "scr": scr, "sel": sel, "dec": dec, "win": win}
+    topn = [{"topn_warps": w} for w in (1, 2, 4, 8)]
+    return {"path": path, "cmp": cmp, "lse": lse, "scr": scr, "topn": topn, "sel": sel, "dec": dec, "win": win}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--T", type=int, default=65536)
     ap.add_argument("--profile", help="base Tiles profile (sm90, default, ...); default: this GPU's")
     ap.add_argument("--json", help="write every variant's samples (ms) here")
-    ap.add_argument("--kinds", default="path,cmp,lse,scr,sel,dec,win",
+    ap.add_argument("--kinds", default="path,cmp,lse,scr,topn,sel,dec,win",
                     help="comma-separated kernel families to sweep (default: all)")
     args = ap.parse_args(argv)
     kinds = [x for x in args.kinds.split(",") if x]
@@ -85,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         return triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5,
                                                 scores=False)
 
+    def topn():
+        return triton_nsa.topn(s_ref, 0, sel_block=64, sel_count=16)
+
     def sel():
         return ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton")
 
@@ -100,11 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                                                 q_start=t - 1)
 
     with triton_nsa.use_tiles(base):
-        refs = {"path": (o_ref, s_ref), "cmp": (o_ref, s_ref), "scr": (o_ref, s_ref), "lse": lse()[0], "sel": sel(), "dec": dec(),
+        refs = {"path": (o_ref, s_ref), "cmp": (o_ref, s_ref), "scr": (o_ref, s_ref), "lse": lse()[0], "topn": idx, "sel": sel(), "dec": dec(),
                 "win": win()}
     timer = Timer(warmup_ms=25, rep_ms=200, min_rep=5, max_rep=20)
     report: dict[str, list[dict]] = {kind: [] for kind in kinds}
-    fns = {"path": cmp, "cmp": cmp, "scr": cmp, "lse": lambda: lse()[0], "sel": sel, "dec": dec, "win": win}
+    fns = {"path": cmp, "cmp": cmp, "scr": cmp, "lse": lambda: lse()[0], "topn": topn, "sel": sel, "dec": dec, "win": win}
     for kind in kinds:
         fn = fns[kind]
         for var in _variants()[kind]:
@@ -115,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                     if kind in ("path", "cmp", "scr", "dec"):
                         ok = (torch.allclose(out[0].float(), refs[kind][0].float(), rtol=2e-2, atol=2e-2)
                               and torch.allclose(out[1], refs[kind][1], rtol=1e-5, atol=1e-6))
+                    elif kind == "topn":
+                        ok = torch.equal(out, refs[kind])
                     else:
                         ok = torch.allclose(out.float(), refs[kind].float(), rtol=2e-2, atol=2e-2)
                     row["matches_default"] = bool(ok)

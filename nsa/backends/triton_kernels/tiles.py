@@ -48,13 +48,14 @@ class Tiles:
     split_stages: int | None = None
     selb_max_group: int = 4       # prefill selection block-centric (selection_blocks.py) for groups <= this; 0: never
     selb_min_rows: int = 4096     # ... and at least this many (query, KV head) rows
-    selb_rows: int = 64           # block-centric kernel: (entry, head) rows per program
+    selb_rows: int = 128          # block-centric kernel: (entry, head) rows per program
     selb_warps: int = 4
     selb_stages: int | None = None
     sel_split: int = 4            # decode: programs per row of the selection kernel (blocks split)
     sel_split_rows: int = 1024    # fewer (query, group) rows than this: split
     topn_split_rows: int = 2048   # fewer score rows than this (decode): two-stage top-n over chunks
     topn_chunk: int = 128         # blocks per chunk of the two-stage top-n
+    topn_warps: int = 4           # prefill top-n, rows of >= 1024 blocks (shorter rows: one warp)
     win_rows: int = 64            # sliding: (query, head) rows per program
     win_bn: int = 64              # sliding: keys per tile
     win_warps: int = 4
@@ -76,7 +77,7 @@ class Tiles:
                                  "triton_kernels/tiles.py for the meaning of each field")
         for name in ("cmp_rows", "cmp_bc", "win_rows", "win_bn", "topn_chunk", "cmp_warps", "sel_warps",
                      "split_warps", "win_warps", "lse_rows", "lse_bc", "lse_warps",
-                     "scr_bq", "scr_bk", "scr_warps", "selb_rows", "selb_warps"):
+                     "scr_bq", "scr_bk", "scr_warps", "selb_rows", "selb_warps", "topn_warps"):
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two (tl.arange sizes, warps), got {value}")

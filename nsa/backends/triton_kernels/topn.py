@@ -130,5 +130,5 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
     bnb = np2(nb, 16)
     _topn[(tq, b * hkv)](scores, idx, scores.stride(0), scores.stride(1), scores.stride(2), idx.stride(0),
                          idx.stride(1), idx.stride(2), nb, q_start, HKV=hkv, SEL=sel_block, N=sel_count,
-                         BNB=bnb, BN=np2(sel_count, 16), num_warps=4 if bnb >= 1024 else 1)
+                         BNB=bnb, BN=np2(sel_count, 16), num_warps=tiles.topn_warps if bnb >= 1024 else 1)
     return idx
