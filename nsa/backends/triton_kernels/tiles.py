@@ -55,7 +55,7 @@ class Tiles:
     sel_split_rows: int = 1024    # fewer (query, group) rows than this: split
     topn_split_rows: int = 2048   # fewer score rows than this (decode): two-stage top-n over chunks
     topn_chunk: int = 128         # blocks per chunk of the two-stage top-n
-    topn_warps: int = 4           # prefill top-n, rows of >= 1024 blocks (shorter rows: one warp)
+    topn_warps: int = 1           # prefill top-n, rows of >= 1024 blocks (shorter rows: one warp)
     win_rows: int = 64            # sliding: (query, head) rows per program
     win_bn: int = 64              # sliding: keys per tile
     win_warps: int = 4
