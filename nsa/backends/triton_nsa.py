@@ -2,7 +2,8 @@
 
 This module is the backend the registry names (`nsa.backends.__init__`): it says when the
 kernels can run, validates inputs, picks the launch parameters and calls the kernel families in
-`nsa.backends.triton_kernels` (one module each: selection, compressed + scores, top-n, sliding).
+`nsa.backends.triton_kernels` (one module each: selection (group- and block-centric), compressed +
+scores, top-n, sliding).
 
     sliding(call), compressed(call), selected(call)     the registry's ops, `AttnCall` in
     compressed_and_scores(q, k_cmp, v_cmp, ...)        compressed output + selection scores

@@ -3,8 +3,11 @@
     tiles        launch parameters per GPU profile (no triton import)
     common       host helpers shared by the families
     selection    group-centric selected attention (paper Fig. 3), its gated epilogue, decode split
+    selection_blocks  block-centric selected attention for small groups (prefill): lists per key block
     cmp_tile     one compressed tile's work: logits, p @ Vc, the Eq. 9-10 block scores
-    compressed   compressed attention + selection scores (prefill kernel, decode split kernel)
+    compressed   compressed attention + selection scores (routing; the two-pass prefill kernel for
+                 other block geometries; the decode split kernel)
+    scores       prefill: one-pass compressed output + log-sum-exp, then the scores kernel
     topn         top-n block indices (one pass, or chunks + merge for decode)
     sliding      sliding-window attention (band kernel) and decode's window through `selection`
 
