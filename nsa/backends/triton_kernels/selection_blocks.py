@@ -165,7 +165,7 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
     part = torch.empty(b * tq * hkv * n_sel * group * (dv + 2), dtype=torch.float32, device=q.device)
     grid = triton.cdiv(b * tq * hkv * n_sel, bq) + n_lists      # >= the number of chunks
     _selb_fwd[(grid,)](
-        q, k, v, order.to(torch.int32), lstart, counts, cstart, part,
+        q, k, v, order, lstart, counts, cstart, part,   # int64 entries: B*T*Hkv*n can pass 2**31
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), tq, tk, q_start, k_start, scale, n_lists, nbk,
         HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, SEL=sel_block, DK=dk, DV=dv, BQ=bq,
