@@ -30,6 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from nsa.backends.triton_kernels.cmp_tile import _cmp_logits
+
 LOG2E = 1.4426950408889634
 
 
@@ -69,13 +71,7 @@ def _cmp_lse(Q, KC, VC, Out, LSE,
     acc = tl.zeros([M, BDV], tl.float32)
     for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
         offs_c = c0 + tl.arange(0, BC)
-        kc = tl.load(KC + kc_base + offs_c[:, None] * skt + offs_dk[None, :],
-                     mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
-        if IEEE:
-            qk = tl.dot(q, tl.trans(kc), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(kc))
-        qk = tl.where(offs_c[None, :] < nvis[:, None], qk * scale, float("-inf"))
+        qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE)
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
