@@ -158,19 +158,67 @@ def _decode(args) -> int:
         "gated sum (torch)": lambda: gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win,
         "selected + gated sum (triton, split)": lambda: triton_nsa.selected_gated(
             q, k, v, idx, sel_block=64, scale=128 ** -0.5, gates=gates, o_cmp=o_cmp, o_win=o_win, q_start=s0),
+        "whole step, separate ops (the dec_fused=False path)": lambda: _separate_step(
+            triton_nsa, q, gates, kc, vc, k, v, kw, vw, s0),
+        "whole step, fused (triton_nsa.decode_step)": lambda: triton_nsa.decode_step(
+            q, gates, kc, vc, k, v, kw, vw, t=s0, block=32, stride=16, sel_block=64, sel_count=16, window=512,
+            scale=128 ** -0.5),
         "dense decode FA-2": dense(SDPBackend.FLASH_ATTENTION),
         "dense decode cuDNN": dense(SDPBackend.CUDNN_ATTENTION),
     }
+    fused_out, fused_idx = stages["whole step, fused (triton_nsa.decode_step)"]()
+    sep_out, sep_idx = stages["whole step, separate ops (the dec_fused=False path)"]()
+    agree = {"blocks_equal": bool(torch.equal(fused_idx, sep_idx)),
+             "max_abs_diff": float((fused_out.float() - sep_out.float()).abs().max())}
+    print(f"fused vs separate step: {agree}")
     samples = measure(stages, Timer(warmup_ms=25, rep_ms=200, cuda_graph=True))
+    kernels = _kernel_times(stages["whole step, fused (triton_nsa.decode_step)"])
     med = {name: statistics.median(x) for name, x in samples.items()}
     print(f"decode B={b} t={s0} ({torch.cuda.get_device_name()}), CUDA graphs")
     for name, ms in med.items():
         print(f"  {name:40s} {ms * 1000:9.1f} us")
+    print("fused step, per kernel (profiler over graph replays):")
+    for name, us in kernels.items():
+        print(f"  {name:40s} {us:9.1f} us")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"T": t, "B": b, "decode": True, "gpu": torch.cuda.get_device_name(), "median_ms": med,
-                       "samples_ms": samples}, fh, indent=1)
+                       "fused_vs_separate": agree, "fused_kernels_us": kernels, "samples_ms": samples}, fh, indent=1)
     return 0
+
+
+def _separate_step(triton_nsa, q, gates, kc, vc, k, v, kw, vw, s0):
+    """The step as NSAAttention.decode_attend runs it with Tiles.dec_fused off: (output, blocks)."""
+    o_cmp, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5,
+                                                     q_start=s0)
+    idx = triton_nsa.topn(scores, s0, sel_block=64, sel_count=16)
+    o_win = triton_nsa.sliding_decode(q, kw, vw, t=s0, scale=128 ** -0.5)
+    out = triton_nsa.selected_gated(q, k, v, idx, sel_block=64, scale=128 ** -0.5, gates=gates, o_cmp=o_cmp,
+                                    o_win=o_win, q_start=s0)
+    return out, idx
+
+
+def _kernel_times(fn, replays: int = 50) -> dict[str, float]:
+    """Mean device time per call of each kernel of `fn`, us, from torch.profiler over CUDA-graph
+    replays (what a graph launch runs; kernel names as the profiler reports them)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.suites.decode import _graph, _warm
+
+    _warm(fn)
+    graph = _graph(fn)
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if ev.device_type.name == "CUDA" and ev.count:
+            out[ev.key[:60]] = getattr(ev, "device_time_total", getattr(ev, "cuda_time_total", 0.0)) / replays
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 if __name__ == "__main__":

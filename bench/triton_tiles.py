@@ -3,7 +3,8 @@
     python bench/triton_tiles.py --T 65536 [--profile sm90] [--json out.json]
 
 Paper layout (64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16), bf16, B=1 (decode: one
-query at t = T - 1 for B=8 sequences, the split kernel's chunking). Every variant is
+query at t = T - 1 for B=8 sequences: `dec` the split kernel's chunking, `step` the fused decode
+step's knobs, timed as CUDA-graph replays, `dec_fused: False` being the separate-op step). Every variant is
 checked against the default configuration's output before it is timed (same compressed output
 to bf16 rounding, same scores to 1e-5 relative, same selected output), so a faster variant
 that computes something else is reported as wrong, not as a win. Timing: bench.timing (CUDA
@@ -42,7 +43,13 @@ def _variants() -> dict[str, list[dict]]:
            for r, bn, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)) if w * 16 <= r]
     path = [{"cmp_lse": True}, {"cmp_lse": False}]
     topn = [{"topn_warps": w} for w in (1, 2, 4, 8)]
-    return {"path": path, "cmp": cmp, "lse": lse, "scr": scr, "topn": topn, "sel": sel, "dec": dec, "win": win}
+    # The fused decode step (decode.py), one knob at a time around the base profile.
+    step = [{}, {"dec_fused": False}] + [{"dec_chunk": c} for c in (64, 256)] + [
+        {"dtop_warps": w, "dec_cb": cb} for w, cb in itertools.product((2, 4, 8), (8, 16, 32))] + [
+        {"dout_warps": w, "dout_cols": c} for w, c in itertools.product((2, 4, 8), (16, 32, 64))] + [
+        {"dblk_warps": w} for w in (1, 4)]
+    return {"path": path, "cmp": cmp, "lse": lse, "scr": scr, "topn": topn, "sel": sel, "dec": dec, "win": win,
+            "step": step}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,12 +110,31 @@ def main(argv: list[str] | None = None) -> int:
         return triton_nsa.compressed_and_scores(qd, kcd, vcd, block=32, stride=16, sel_block=64, scale=128 ** -0.5,
                                                 q_start=t - 1)
 
+    if "step" in kinds:   # B = 8 sequences of their own (no L2 sharing between them)
+        kd, vd = r(8, t, 4, 128), r(8, t, 4, 128)
+        kcs, vcs = ops.compress_kv(kd, vd, block=32, stride=16)
+        gates = torch.sigmoid(r(8, 1, 64, 3))
+
+    def step():
+        c = triton_nsa.current_tiles(dev)
+        if not c.dec_fused:   # the separate-op step, as NSAAttention.decode_attend runs it
+            o_c, s_c = triton_nsa.compressed_and_scores(qd, kcs, vcs, block=32, stride=16, sel_block=64,
+                                                        scale=128 ** -0.5, q_start=t - 1)
+            ix = triton_nsa.topn(s_c, t - 1, sel_block=64, sel_count=16)
+            o_w = triton_nsa.sliding_decode(qd, kd[:, -512:], vd[:, -512:], t=t - 1, scale=128 ** -0.5)
+            return triton_nsa.selected_gated(qd, kd, vd, ix, sel_block=64, scale=128 ** -0.5, gates=gates,
+                                             o_cmp=o_c, o_win=o_w, q_start=t - 1), ix
+        return triton_nsa.decode_step(qd, gates, kcs, vcs, kd, vd, kd[:, -512:], vd[:, -512:], t=t - 1, block=32,
+                                      stride=16, sel_block=64, sel_count=16, window=512, scale=128 ** -0.5)
+
     with triton_nsa.use_tiles(base):
-        refs = {"path": (o_ref, s_ref), "cmp": (o_ref, s_ref), "scr": (o_ref, s_ref), "lse": lse()[0], "topn": idx, "sel": sel(), "dec": dec(),
-                "win": win()}
+        refs = {"path": (o_ref, s_ref), "cmp": (o_ref, s_ref), "scr": (o_ref, s_ref), "lse": lse()[0], "topn": idx,
+                "sel": sel(), "dec": dec(), "win": win(), "step": step() if "step" in kinds else None}
     timer = Timer(warmup_ms=25, rep_ms=200, min_rep=5, max_rep=20)
+    graphs = Timer(warmup_ms=25, rep_ms=200, min_rep=20, max_rep=200, cuda_graph=True)
     report: dict[str, list[dict]] = {kind: [] for kind in kinds}
-    fns = {"path": cmp, "cmp": cmp, "scr": cmp, "lse": lambda: lse()[0], "topn": topn, "sel": sel, "dec": dec, "win": win}
+    fns = {"path": cmp, "cmp": cmp, "scr": cmp, "lse": lambda: lse()[0], "topn": topn, "sel": sel, "dec": dec, "win": win,
+           "step": step}
     for kind in kinds:
         fn = fns[kind]
         for var in _variants()[kind]:
@@ -121,10 +147,13 @@ def main(argv: list[str] | None = None) -> int:
                               and torch.allclose(out[1], refs[kind][1], rtol=1e-5, atol=1e-6))
                     elif kind == "topn":
                         ok = torch.equal(out, refs[kind])
+                    elif kind == "step":
+                        ok = (torch.equal(out[1], refs[kind][1])
+                              and torch.allclose(out[0].float(), refs[kind][0].float(), rtol=2e-2, atol=2e-2))
                     else:
                         ok = torch.allclose(out.float(), refs[kind].float(), rtol=2e-2, atol=2e-2)
                     row["matches_default"] = bool(ok)
-                    samples = measure({"v": fn}, timer)["v"]
+                    samples = measure({"v": fn}, graphs if kind == "step" else timer)["v"]
                 row["median_ms"], row["samples_ms"] = statistics.median(samples), samples
             except Exception as exc:  # noqa: BLE001 - a variant that cannot compile is a result
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"

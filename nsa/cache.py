@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 from nsa.config import NSAConfig
@@ -19,17 +20,36 @@ class ReadCounts:
     """Tokens one decode step handed to each branch's kernel.
 
     `cmp`: compressed tokens; `sel`: `[B, Hkv]` raw tokens of the selected blocks that are `<= t`
-    (each KV group selects its own blocks); `win`: raw tokens of the window.
+    (each KV group selects its own blocks); `win`: raw tokens of the window. A step that gathers
+    sets `sel` from its gather; a step whose kernel reads the blocks in place sets `sel_rule =
+    (t, l')` and `sel` is counted from `sel_blocks` when read (off the step's own path, so a
+    CUDA-graph replay of the step runs no counting kernels; read after a replay, it counts that
+    replay's blocks).
     """
 
     cmp: int = 0
-    sel: Tensor | None = None
     win: int = 0
     sel_blocks: Tensor | None = None  # [B, 1, Hkv, n] blocks the step selected
+    sel_rule: tuple[int, int] | None = None
+    _sel: Tensor | None = None
+
+    @property
+    def sel(self) -> Tensor | None:
+        if self._sel is not None or self.sel_rule is None or self.sel_blocks is None:
+            return self._sel
+        t, sel_block = self.sel_rule
+        blocks = self.sel_blocks[:, 0].long()                                  # [B, Hkv, n]
+        per_block = (t - blocks * sel_block + 1).clamp(0, sel_block)
+        return torch.where(blocks >= 0, per_block, torch.zeros_like(per_block)).sum(-1)
+
+    @sel.setter
+    def sel(self, value: Tensor | None) -> None:
+        self._sel = value
 
     @property
     def sel_mean(self) -> float:
-        return 0.0 if self.sel is None else float(self.sel.float().mean())
+        sel = self.sel
+        return 0.0 if sel is None else float(sel.float().mean())
 
 
 class TokenBuffer:

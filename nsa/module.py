@@ -157,6 +157,18 @@ class NSAAttention(nn.Module):
                                              backend=plan.backend("cmp"), q_start=q_start)
         return o_cmp, idx
 
+    def _fused_decode(self, plan: dispatch.Plan, q: Tensor, t: int) -> bool:
+        """A decode step runs as one fused Triton step when the plan puts every branch and the
+        scores on Triton and the kernels cover the geometry (triton_nsa.decode_unsupported_reason)."""
+        if plan.scores != "triton" or set(plan.branches) != set(BRANCHES) or any(
+                plan.backend(b) != "triton" for b in BRANCHES):
+            return False
+        from nsa.backends import triton_nsa
+
+        c = self.config
+        return triton_nsa.decode_unsupported_reason(q, t=t, dv=c.head_dim_v, block=c.cmp_block, stride=c.cmp_stride,
+                                                    sel_block=c.sel_block) is None
+
     @staticmethod
     def _fused_gate(plan: dispatch.Plan, o_cmp: Tensor | None, o_win: Tensor | None) -> bool:
         """The Triton selection kernel forms the gated sum in its epilogue when all three run."""
@@ -250,6 +262,16 @@ class NSAAttention(nn.Module):
         kv = {self._kv_name("sel"): (k_s, v_s), self._kv_name("win"): win}
         calls = self._calls(q, kv, cache.k_cmp, cache.v_cmp, branches, t, k_start_win=t + 1 - win[0].shape[1])
         plan = dispatch.plan(calls, self.backend)
+        if self._fused_decode(plan, q, t):
+            # Every branch on Triton: the whole step in four launches (triton_kernels/decode.py).
+            from nsa.backends import triton_nsa
+
+            out, idx = triton_nsa.decode_step(
+                q, gates, cache.k_cmp, cache.v_cmp, k_s, v_s, *win, t=t, block=c.cmp_block, stride=c.cmp_stride,
+                sel_block=c.sel_block, sel_count=c.sel_count, window=c.window, scale=c.softmax_scale)
+            cache.reads = ReadCounts(cmp=cache.k_cmp.shape[1], win=win[0].shape[1], sel_blocks=idx,
+                                     sel_rule=(t, c.sel_block))
+            return out
         o_cmp, idx = self._cmp_and_blocks(plan, calls, q, cache.k_cmp, cache.v_cmp, branches, t)
         if o_cmp is not None:
             reads.cmp = cache.k_cmp.shape[1]
@@ -264,7 +286,8 @@ class NSAAttention(nn.Module):
                 # Masked SDPA over a gather of only the selected blocks' tokens: reads counted from the gather.
                 o_sel, reads.sel = _selected_decode(q, k_s, v_s, idx, t, c.sel_block, c.softmax_scale)
             else:
-                reads.sel = _selected_reads(idx, t, c.sel_block)
+                # The kernel read the blocks in place: counted from its indices when read (cache.py).
+                reads.sel_rule = (t, c.sel_block)
                 if not self._fused_gate(plan, o_cmp, o_win):
                     o_sel = ops.selected_attention(q, k_s, v_s, idx, sel_block=c.sel_block, scale=c.softmax_scale,
                                                    backend=plan.backend("sel"), q_start=t)
@@ -284,14 +307,6 @@ class NSAAttention(nn.Module):
         nk, nv = self.compress(kb.view(c.cmp_block), vb.view(c.cmp_block))
         cache.cmp[0].append(nk)
         cache.cmp[1].append(nv)
-
-
-def _selected_reads(idx: Tensor, t: int, sel_block: int) -> Tensor:
-    """Raw tokens the selection kernel reads for the step at `t`, `[B, Hkv]`: those of its selected
-    blocks that are `<= t` (the kernel's own mask rule), counted from the indices it was given."""
-    blocks = idx[:, 0].long()                                                # [B, Hkv, n]
-    per_block = (t - blocks * sel_block + 1).clamp(0, sel_block)
-    return torch.where(blocks >= 0, per_block, torch.zeros_like(per_block)).sum(-1)
 
 
 def _selected_decode(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, t: int, sel_block: int,

@@ -10,6 +10,7 @@ scores, top-n, sliding).
     topn(scores, q_start, ...)                          block indices from scores
     selected_gated(q, k, v, idx, ...)                   selected attention + the gated sum
     sliding_decode(q, k_w, v_w, t=...)                  decode's window through the selection kernel
+    decode_step(q, gates, caches..., t=...)             a whole decode step (all branches, gated), 4 launches
 
 Launch parameters: a frozen `Tiles` per GPU profile (`tiles(profile)`, `profile_for(device)`:
 `sm90` for an H100, `cpu` under the interpreter). Every function above that launches kernels
@@ -44,13 +45,14 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
 
 if triton is not None:
     from nsa.backends.triton_kernels import compressed as _cmp
+    from nsa.backends.triton_kernels import decode as _dec
     from nsa.backends.triton_kernels import selection as _sel
     from nsa.backends.triton_kernels import selection_blocks as _selb
     from nsa.backends.triton_kernels import sliding as _win
     from nsa.backends.triton_kernels import topn as _topn
 
-__all__ = ["PROFILES", "TILES", "Tiles", "compressed", "compressed_and_scores", "current_tiles", "profile_for",
-           "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
+__all__ = ["PROFILES", "TILES", "Tiles", "compressed", "compressed_and_scores", "current_tiles", "decode_step",
+           "decode_unsupported_reason", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
            "unsupported_reason", "use_tiles"]
 
 # The H100 values as a read-only mapping, for readers of the old module-level table. Launches
@@ -221,3 +223,55 @@ def compressed(call: AttnCall) -> Tensor:
     o, _ = compressed_and_scores(call.q, call.k, call.v, block=call.block, stride=call.stride, sel_block=16,
                                  scale=call.scale, q_start=call.q_start, scores=False)
     return o
+
+
+def decode_unsupported_reason(q: Tensor, *, t: int, dv: int, block: int, stride: int, sel_block: int,
+                              tiles: Tiles | None = None) -> str | None:
+    """None when `decode_step` can run this step (one query per sequence, the kernels' block
+    geometry, launch profile with `dec_fused`), else the reason the separate-op path runs it."""
+    if triton is None:
+        return unavailable_reason()
+    if q.dim() != 4 or q.shape[1] != 1:
+        return f"decode_step takes one query per sequence, q [B, 1, Hq, dk], got {list(q.shape)}"
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"the triton kernels take fp16/bf16/fp32, got {q.dtype}"
+    return _dec.supported(dk=q.shape[-1], dv=dv, block=block, stride=stride, sel_block=sel_block, t=t,
+                          tiles=_tiles(q, tiles))
+
+
+def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: Tensor, v_sel: Tensor, k_win: Tensor,
+                v_win: Tensor, *, t: int, block: int, stride: int, sel_block: int, sel_count: int, window: int,
+                scale: float, tiles: Tiles | None = None) -> tuple[Tensor, Tensor]:
+    """One decode step of the whole layer: `g_cmp * o_cmp + g_sel * o_sel + g_win * o_win`
+    `[B, 1, Hq, dv]` for the query `q [B, 1, Hq, dk]` at position `t`, and its selected blocks
+    `[B, 1, Hkv, sel_count]` (int32, ascending, -1 padded), in four launches (decode.py).
+
+    Caches: compressed `k_cmp/v_cmp [B, Tc, Hkv, *]` (token i summarises `[i*stride, i*stride +
+    block)`), raw `k_sel/v_sel [B, >= t+1, Hkv, *]` from position 0, the window `k_win/v_win
+    [B, nw, Hkv, *]` holding positions `t+1-nw .. t` (`1 <= nw <= window`); gates `[B, 1, Hq, 3]`.
+    """
+    _require()
+    tiles = _tiles(q, tiles)
+    why = decode_unsupported_reason(q, t=t, dv=v_sel.shape[-1] if v_sel.dim() == 4 else -1, block=block,
+                                    stride=stride, sel_block=sel_block, tiles=tiles)
+    if why is not None:
+        raise ValueError(f"decode_step cannot run this step: {why}; use the separate ops (NSAAttention does)")
+    _check_qkv(q, k_sel, v_sel, "q, k_sel, v_sel")
+    _check_qkv(q, k_cmp, v_cmp, "q, k_cmp, v_cmp")
+    _check_qkv(q, k_win, v_win, "q, k_win, v_win")
+    if not (k_sel.shape[2] == k_cmp.shape[2] == k_win.shape[2]) or not (
+            v_sel.shape[-1] == v_cmp.shape[-1] == v_win.shape[-1]):
+        raise ValueError(f"the three caches must share Hkv and dv, got k_sel {list(k_sel.shape)}, k_cmp "
+                         f"{list(k_cmp.shape)}, k_win {list(k_win.shape)}, v dims {v_sel.shape[-1]}/"
+                         f"{v_cmp.shape[-1]}/{v_win.shape[-1]}")
+    if t < 0 or k_sel.shape[1] < t + 1:
+        raise ValueError(f"k_sel/v_sel must hold positions 0 .. t = {t}, got {k_sel.shape[1]} tokens")
+    if window < 1 or not 1 <= k_win.shape[1] <= min(window, t + 1):
+        raise ValueError(f"the window cache must hold the last 1 .. min(window={window}, t+1) tokens, got "
+                         f"{k_win.shape[1]}")
+    if tuple(gates.shape) != (*q.shape[:3], 3):
+        raise ValueError(f"gates must be [B, 1, Hq, 3], got {list(gates.shape)}")
+    if block < 1 or stride < 1 or sel_count < 1:
+        raise ValueError(f"block, stride and sel_count must be >= 1, got {block}, {stride}, {sel_count}")
+    return _dec.decode_step(q, gates, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, t=t, block=block, stride=stride,
+                            sel_block=sel_block, sel_count=sel_count, window=window, scale=scale, tiles=tiles)

@@ -60,11 +60,22 @@ class Tiles:
     win_bn: int = 64              # sliding: keys per tile
     win_warps: int = 4
     win_stages: int | None = 3
+    dec_fused: bool = True        # decode: the whole step in four launches (decode.py) where it applies
+    dec_chunk: int = 128          # decode.py kernel A: compressed keys per program (one tile; >= 16 blocks)
+    dec_warps: int = 4
+    dec_stages: int | None = None
+    dtop_warps: int = 4           # decode.py kernel B (lse, scores, top-n)
+    dout_warps: int = 4           # decode.py kernel D (merges, gated sum)
+    dout_cols: int = 16           # decode.py kernel D: output columns per program (>= 16)
+    dec_cb: int = 16              # decode.py kernels B and D: chunk partials per vector load
+    dblk_warps: int = 2           # decode.py kernel C (selected and window blocks)
+    dblk_stages: int | None = None
+    dec_max_blocks: int = 8192    # decode.py: top-n in one program up to this many selection blocks
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in ("score_carry", "cmp_lse"):
+            if f.name in ("score_carry", "cmp_lse", "dec_fused"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
@@ -77,16 +88,18 @@ class Tiles:
                                  "triton_kernels/tiles.py for the meaning of each field")
         for name in ("cmp_rows", "cmp_bc", "win_rows", "win_bn", "topn_chunk", "cmp_warps", "sel_warps",
                      "split_warps", "win_warps", "lse_rows", "lse_bc", "lse_warps",
-                     "scr_bq", "scr_bk", "scr_warps", "selb_rows", "selb_warps", "topn_warps"):
+                     "scr_bq", "scr_bk", "scr_warps", "selb_rows", "selb_warps", "topn_warps", "dec_chunk",
+                     "dec_warps", "dtop_warps", "dout_warps", "dblk_warps",
+                     "dec_max_blocks", "dout_cols", "dec_cb"):
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two (tl.arange sizes, warps), got {value}")
-        for name in ("cmp_bc", "win_bn", "lse_bc", "scr_bq", "scr_bk", "lse_rows", "selb_rows"):
+        for name in ("cmp_bc", "win_bn", "lse_bc", "scr_bq", "scr_bk", "lse_rows", "selb_rows", "dec_chunk", "dout_cols"):
             if getattr(self, name) < 16:
                 raise ValueError(f"Tiles.{name} must be >= 16 (tl.dot's smallest tile), got {getattr(self, name)}")
 
     def launch(self, prefix: str) -> dict[str, int]:
-        """`num_warps` / `num_stages` of kernel family `prefix` (cmp, sel, split, win, lse, scr, selb)."""
+        """`num_warps` / `num_stages` of kernel family `prefix` (cmp, sel, split, win, lse, scr, selb, dec, dblk)."""
         opts = {"num_warps": getattr(self, f"{prefix}_warps")}
         stages = getattr(self, f"{prefix}_stages")
         if stages is not None:
@@ -101,7 +114,8 @@ class Tiles:
 PROFILES: dict[str, Tiles] = {
     "sm90": Tiles(),
     "default": Tiles(),
-    "cpu": Tiles(cmp_rows=16, cmp_bc=16, win_rows=16, win_bn=16, lse_rows=16, lse_bc=16, scr_bq=16, scr_bk=64),
+    "cpu": Tiles(cmp_rows=16, cmp_bc=16, win_rows=16, win_bn=16, lse_rows=16, lse_bc=16, scr_bq=16, scr_bk=64,
+                 dec_chunk=64),
 }
 
 _override: contextvars.ContextVar[Tiles | None] = contextvars.ContextVar("nsa_triton_tiles", default=None)

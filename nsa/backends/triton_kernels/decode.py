@@ -1,0 +1,361 @@
+"""One decode step of the whole NSA layer in four launches (issue 13: fewer decode launches).
+
+The separate-op decode (compressed split + spill, two-stage top-n, the window and the selection
+each split and combined, torch glue between them) ran 15-20 kernels per step; at B = 8 on the
+H100 most of its 77-110 us was launches and serial latency, not bytes. Here the step for one
+query per sequence (`q [B, 1, Hq, dk]` at position `t`) is:
+
+    A  _dec_cmp     grid (chunks, B*Hkv): one tile of CH compressed keys per program, all heads
+                    of the group as rows (flash-decoding): the chunk's softmax partial (m, l, acc)
+                    and its block-score partial: p = exp(logit - m) mapped to selection blocks per
+                    head by the stride map of scores.py (own blocks, plus the one block spilled
+                    into the next chunk).
+    B  _dec_topn    grid (B*Hkv): each head's lse from the chunks' (m, l); the group scores
+                    (Eq. 9-10) as sum over heads and chunks of exp(m_c - lse) * partial; then the
+                    top-n in the same program (topn.py's rule helpers).
+    C  _dec_blocks  grid (selected + window programs, B*Hkv): raw-token blocks, all heads of the
+                    group as rows: the selected blocks and the window's 64-token blocks, one
+                    softmax partial each.
+    D  _dec_out     grid (B*Hkv, dv / 32): merges the compressed, selected and window partials
+                    and forms the gated sum in fp32, written once in q's dtype.
+
+Partials are merged `Tiles.dec_cb` per vector load (a loop of dependent loads, one L2 round trip
+each, costs more than the bytes: an unrolled 2-D variant measured 2x slower in B and D).
+Scores are fp32 like the prefill kernels (docs/nsa.md, "Precision"): p relative to the chunk's
+max, rescaled by exp(m_c - lse), is exp(logit - lse) up to fp32 rounding. `supported` sends
+other block geometries to the separate-op path; `Tiles.dec_fused = False` forces that path.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from nsa.backends.triton_kernels import common
+from nsa.backends.triton_kernels.common import np2, pow2, unit_last_stride
+from nsa.backends.triton_kernels.tiles import Tiles, interpreting
+from nsa.backends.triton_kernels.topn import _row_scores, _take_top, _write_blocks
+
+WIN_BLOCK = 64   # window keys per program of kernel C
+
+
+def _scratch(n: int, device: torch.device) -> Tensor:
+    """fp32 scratch of the step (partials, scores): every element read is written first (tests
+    fill it with NaN to hold the kernels to that)."""
+    return torch.empty(max(n, 1), dtype=torch.float32, device=device)
+
+
+@triton.jit
+def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis, scale,
+             HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr,
+             E: tl.constexpr, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
+             BDV: tl.constexpr, IEEE: tl.constexpr):
+    """Chunk `c` = compressed keys `[c*CH, (c+1)*CH)`, visible below `nvis`, for the G heads of one
+    (sequence, KV group): (m, l) -> PML[part, 0/1, g], acc -> PACC[part, g], block-score partial
+    of blocks `c*CH/R + i` -> PSC[part, g, i] and the spill into block `(c+1)*CH/R` -> PSP[part, g]
+    (part = bh * chunks + c)."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
+    h = bh % HKV
+    offs_g = tl.arange(0, BG)
+    g_ok = offs_g < G
+    offs_dk = tl.arange(0, BDK)
+    offs_dv = tl.arange(0, BDV)
+    q = tl.load(Q + b * sqb + (h * G + offs_g)[:, None] * sqh + offs_dk[None, :],
+                mask=g_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    offs_c = c * CH + tl.arange(0, CH)
+    vis = offs_c < nvis
+    kc = tl.load(KC + b * skb + h * skh + offs_c[:, None].to(tl.int64) * skt + offs_dk[None, :],
+                 mask=vis[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    if IEEE:
+        qk = tl.dot(q, tl.trans(kc), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(kc))
+    qk = tl.where(g_ok[:, None] & vis[None, :], qk * scale, float("-inf"))
+    m = tl.max(qk, 1)
+    p = tl.exp(qk - tl.where(m == float("-inf"), 0.0, m)[:, None])
+    vc = tl.load(VC + b * svb + h * svh + offs_c[:, None].to(tl.int64) * svt + offs_dv[None, :],
+                 mask=vis[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    if IEEE:
+        acc = tl.dot(p, vc.to(tl.float32), input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(vc.dtype), vc)
+    part = (bh * tl.num_programs(0) + c).to(tl.int64)
+    tl.store(PML + part * 2 * BG + offs_g, m)
+    tl.store(PML + part * 2 * BG + BG + offs_g, tl.sum(p, 1))
+    tl.store(PACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc)
+    # Block map (scores.py): token jR + r gives D*min(R-r, E) to block j, D*max(0, r+E-R) to j+1.
+    NBK: tl.constexpr = CH // R
+    p3 = tl.reshape(p, [BG, NBK, R])
+    r = tl.arange(0, R)
+    own = tl.sum(p3 * (D * tl.minimum(R - r, E)).to(tl.float32)[None, None, :], 2)
+    nxt = tl.sum(p3 * (D * tl.maximum(r + E - R, 0)).to(tl.float32)[None, None, :], 2)
+    i = tl.arange(0, NBK)
+    shift = (i[None, :] == i[:, None] + 1).to(tl.float32)      # column i -> i + 1, exact in fp32
+    tot = own + tl.dot(nxt, shift, input_precision="ieee")
+    tl.store(PSC + (part * BG + offs_g)[:, None] * NBK + i[None, :], tot)
+    tl.store(PSP + part * BG + offs_g, tl.sum(tl.where(i[None, :] == NBK - 1, nxt, 0.0), 1))
+
+
+@triton.jit
+def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constexpr, BG: tl.constexpr,
+                 CB: tl.constexpr):
+    """(max m, l rescaled to it) over the chunk partials `base .. base + nch - 1`, per head, CB
+    partials per vector load."""
+    cc = tl.arange(0, CB)
+    m_run = tl.full([BG], float("-inf"), tl.float32)
+    l_run = tl.zeros([BG], tl.float32)
+    for c0 in range(0, nch if DYN else NCH_HOST, CB):
+        c = c0 + cc
+        ptr = PML + ((base + c) * 2).to(tl.int64)[:, None] * BG + offs_g[None, :]
+        m = tl.load(ptr, mask=(c < nch)[:, None], other=float("-inf"))
+        lc = tl.load(ptr + BG, mask=(c < nch)[:, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        ms = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l_run = l_run * tl.exp(m_run - ms) + tl.sum(lc * tl.exp(m - ms[None, :]), 0)
+        m_run = m_new
+    return m_run, l_run
+
+
+@triton.jit
+def _dec_topn(PML, PSC, PSP, S, IDX, sib, sih, nch, NB, cur,
+              NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, BG: tl.constexpr,
+              NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr):
+    """Per (sequence, KV group): lse per head; group scores of blocks [0, NB) -> S[bh] (fp32):
+    block `c*NBK + i` gets sum_h exp(m_c,h - lse_h) * PSC[c, h, i], plus chunk c-1's spill at
+    i = 0; then their top N under the spec's rules -> IDX[b, 0, h, :]."""
+    bh = tl.program_id(0)
+    b = (bh // HKV).to(tl.int64)
+    h = bh % HKV
+    offs_g = tl.arange(0, BG)
+    base = bh * nch
+    m_run, l_run = _chunk_stats(PML, base, nch, offs_g, NCH_HOST, DYN, BG, CB)
+    # exp(m - lse): lse = +inf for a row that sees nothing (and the padded heads), so 0 there.
+    lse = tl.where(l_run == 0.0, float("inf"),
+                   tl.where(m_run == float("-inf"), 0.0, m_run) + tl.log(tl.where(l_run == 0.0, 1.0, l_run)))
+    srow = S + bh.to(tl.int64) * SW
+    cc = tl.arange(0, CB)
+    k = tl.arange(0, NBK)
+    # Chunk rows 0 .. nch: row nch holds only chunk nch-1's spill (the blocks after the last chunk).
+    for c0 in range(0, (nch if DYN else NCH_HOST) + 1, CB):
+        c = c0 + cc
+        own_ok = c < nch
+        part = (base + c).to(tl.int64)
+        m = tl.load(PML + (part * 2)[:, None] * BG + offs_g[None, :], mask=own_ok[:, None], other=float("-inf"))
+        own = tl.load(PSC + (part[:, None, None] * BG + offs_g[None, :, None]) * NBK + k[None, None, :],
+                      mask=own_ok[:, None, None], other=0.0)
+        sc = tl.sum(tl.exp(m - lse[None, :])[:, :, None] * own, 1)                    # [CB, NBK]
+        prev_ok = (c >= 1) & (c <= nch)
+        mp = tl.load(PML + ((part - 1) * 2)[:, None] * BG + offs_g[None, :], mask=prev_ok[:, None],
+                     other=float("-inf"))
+        sp = tl.load(PSP + (part - 1)[:, None] * BG + offs_g[None, :], mask=prev_ok[:, None], other=0.0)
+        sc = sc + tl.where(k[None, :] == 0, tl.sum(tl.exp(mp - lse[None, :]) * sp, 1)[:, None], 0.0)
+        j = c[:, None] * NBK + k[None, :]
+        tl.store(srow + j, sc, mask=(c[:, None] <= nch) & (j < SW))
+    jz = tl.arange(0, SW)
+    tl.store(srow + jz, tl.zeros([SW], tl.float32), mask=jz >= (nch + 1) * NBK)   # past every chunk: 0
+    tl.debug_barrier()
+    s = _row_scores(srow, jz, NB, cur)
+    _write_blocks(IDX + b * sib + h * sih, jz, _take_top(s, jz, N), N, BN)
+
+
+@triton.jit
+def _attend_block(q, Kb, Vb, skt, svt, kpos, valid, scale,
+                  DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr):
+    """Softmax partial (m, l, acc) of the group's heads over one block of raw keys at rows
+    `kpos` (masked by `valid`)."""
+    offs_dk = tl.arange(0, BDK)
+    offs_dv = tl.arange(0, BDV)
+    k = tl.load(Kb + kpos[:, None].to(tl.int64) * skt + offs_dk[None, :],
+                mask=valid[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    if IEEE:
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(k))
+    qk = tl.where(valid[None, :], qk * scale, float("-inf"))
+    m = tl.max(qk, 1)
+    p = tl.exp(qk - tl.where(m == float("-inf"), 0.0, m)[:, None])
+    v = tl.load(Vb + kpos[:, None].to(tl.int64) * svt + offs_dv[None, :],
+                mask=valid[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    if IEEE:
+        acc = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v)
+    return m, tl.sum(p, 1), acc
+
+
+@triton.jit
+def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh,
+                skwb, skwt, skwh, svwb, svwt, svwh, sib, sih, t, len_sel, kw_start, scale,
+                HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, N_SEL: tl.constexpr, NSPL: tl.constexpr,
+                SEL: tl.constexpr, WB: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr):
+    """Program p < NSPL: selected block slot p of IDX[b, 0, h] over the raw cache (positions
+    `<= t`); p >= NSPL: window block `kw_start // WB + p - NSPL` of the window cache (positions
+    `kw_start .. t`). Each writes its partial (m, l) -> PML[part], acc -> PACC[part]."""
+    p = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // HKV).to(tl.int64)
+    h = bh % HKV
+    offs_g = tl.arange(0, BG)
+    offs_dk = tl.arange(0, BDK)
+    offs_dv = tl.arange(0, BDV)
+    q = tl.load(Q + b * sqb + (h * G + offs_g)[:, None] * sqh + offs_dk[None, :],
+                mask=(offs_g[:, None] < G) & (offs_dk[None, :] < DK), other=0.0)
+    if p < NSPL:
+        blk = tl.load(IDX + b * sib + h * sih + p, mask=p < N_SEL, other=-1)
+        pos_s = blk * SEL + tl.arange(0, SEL)
+        m, den, acc = _attend_block(q, KS + b * sksb + h * sksh, VS + b * svsb + h * svsh, skst, svst, pos_s,
+                                    (blk >= 0) & (pos_s <= t) & (pos_s < len_sel), scale, DK, DV, BDK, BDV, IEEE)
+    else:
+        pos_w = (kw_start // WB + p - NSPL) * WB + tl.arange(0, WB)
+        m, den, acc = _attend_block(q, KW + b * skwb + h * skwh, VW + b * svwb + h * svwh, skwt, svwt,
+                                    pos_w - kw_start, (pos_w >= kw_start) & (pos_w <= t), scale, DK, DV, BDK, BDV,
+                                    IEEE)
+    part = (bh * tl.num_programs(0) + p).to(tl.int64)
+    tl.store(PML + part * 2 * BG + offs_g, m)
+    tl.store(PML + part * 2 * BG + BG + offs_g, den)
+    tl.store(PACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc)
+
+
+@triton.jit
+def _merge_static(PML, PACC, first, offs_g, offs_v, N: tl.constexpr, NP: tl.constexpr, BG: tl.constexpr,
+                  BDV: tl.constexpr):
+    """Normalised output columns `offs_v` of partials `first .. first + N - 1` (one vector load,
+    NP = N rounded up to a power of two)."""
+    s = tl.arange(0, NP)
+    ok = s < N
+    part = (first + s).to(tl.int64)
+    ptr = PML + (part * 2)[:, None] * BG + offs_g[None, :]
+    m = tl.load(ptr, mask=ok[:, None], other=float("-inf"))
+    den = tl.load(ptr + BG, mask=ok[:, None], other=0.0)
+    mx = tl.max(m, 0)
+    w = tl.exp(m - tl.where(mx == float("-inf"), 0.0, mx)[None, :])
+    l_tot = tl.sum(w * den, 0)
+    a = tl.load(PACC + (part[:, None, None] * BG + offs_g[None, :, None]) * BDV + offs_v[None, None, :],
+                mask=ok[:, None, None], other=0.0)
+    return tl.sum(w[:, :, None] * a, 0) / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
+
+
+@triton.jit
+def _dec_out(PML, PACC, BML, BACC, GT, Out, sgb, sgh, sgc, sob, soh, nch,
+             NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr,
+             NSPL: tl.constexpr, NWP: tl.constexpr, NPS: tl.constexpr, NPW: tl.constexpr, DV: tl.constexpr,
+             BDV: tl.constexpr, CB: tl.constexpr, DVC: tl.constexpr):
+    """Per (sequence, KV group, DVC output columns): compressed, selected and window outputs from
+    their partials, then `g_cmp * o_cmp + g_sel * o_sel + g_win * o_win` in fp32 -> Out[b, 0, heads]."""
+    bh = tl.program_id(0)
+    b = (bh // HKV).to(tl.int64)
+    h = bh % HKV
+    offs_g = tl.arange(0, BG)
+    offs_v = tl.program_id(1) * DVC + tl.arange(0, DVC)
+    base = bh * nch
+    m_run, l_run = _chunk_stats(PML, base, nch, offs_g, NCH_HOST, DYN, BG, CB)
+    ms = tl.where(m_run == float("-inf"), 0.0, m_run)
+    cc = tl.arange(0, CB)
+    acc = tl.zeros([BG, DVC], tl.float32)
+    for c0 in range(0, nch if DYN else NCH_HOST, CB):
+        c = c0 + cc
+        part = (base + c).to(tl.int64)
+        m = tl.load(PML + (part * 2)[:, None] * BG + offs_g[None, :], mask=(c < nch)[:, None], other=float("-inf"))
+        a = tl.load(PACC + (part[:, None, None] * BG + offs_g[None, :, None]) * BDV + offs_v[None, None, :],
+                    mask=(c < nch)[:, None, None], other=0.0)
+        acc += tl.sum(tl.exp(m - ms[None, :])[:, :, None] * a, 0)
+    o_cmp = acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]
+    first = bh * (NSPL + NWP)
+    o_sel = _merge_static(BML, BACC, first, offs_g, offs_v, NSPL, NPS, BG, BDV)
+    o_win = _merge_static(BML, BACC, first + NSPL, offs_g, offs_v, NWP, NPW, BG, BDV)
+    g_ok = offs_g < G
+    heads = h * G + offs_g
+    gate = GT + b * sgb + heads * sgh
+    g_cmp = tl.load(gate, mask=g_ok, other=0.0).to(tl.float32)
+    g_sel = tl.load(gate + sgc, mask=g_ok, other=0.0).to(tl.float32)
+    g_win = tl.load(gate + 2 * sgc, mask=g_ok, other=0.0).to(tl.float32)
+    o = g_cmp[:, None] * o_cmp + g_sel[:, None] * o_sel + g_win[:, None] * o_win
+    tl.store(Out + b * sob + heads[:, None] * soh + offs_v[None, :], o.to(Out.dtype.element_ty),
+             mask=g_ok[:, None] & (offs_v[None, :] < DV))
+
+
+def _geometry(block: int, stride: int, sel_block: int, chunk: int) -> tuple[int, int] | str:
+    """(R, E) = (l' / d, l / d) for kernel A's block map, or why it does not apply."""
+    if block % stride or sel_block % stride:
+        return f"the stride d={stride} must divide l={block} and l'={sel_block}"
+    r, e = sel_block // stride, block // stride
+    if e > r or not pow2(r):
+        return f"l/d = {e} must be <= l'/d = {r}, a power of two"
+    if chunk % r or chunk // r < 16:
+        return f"Tiles.dec_chunk = {chunk} must hold >= 16 whole selection blocks of {r} compressed tokens"
+    return r, e
+
+
+def supported(*, dk: int, dv: int, block: int, stride: int, sel_block: int, t: int, tiles: Tiles) -> str | None:
+    """None when `decode_step` covers this step, else why the separate-op path runs it."""
+    if not tiles.dec_fused:
+        return "Tiles.dec_fused is off"
+    if max(dk, dv) > 256:
+        return f"head dims <= 256, got {dk}/{dv}"
+    if not (pow2(sel_block) and sel_block >= 16):
+        return f"sel_block must be a power of two >= 16, got {sel_block}"
+    geometry = _geometry(block, stride, sel_block, tiles.dec_chunk)
+    if isinstance(geometry, str):
+        return geometry
+    if np2(t // sel_block + 1) > tiles.dec_max_blocks:
+        return f"{t // sel_block + 1} selection blocks > Tiles.dec_max_blocks = {tiles.dec_max_blocks}"
+    return None
+
+
+def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: Tensor, v_sel: Tensor,
+                k_win: Tensor, v_win: Tensor, *, t: int, block: int, stride: int, sel_block: int, sel_count: int,
+                window: int, scale: float, tiles: Tiles) -> tuple[Tensor, Tensor]:
+    """The gated NSA output `[B, 1, Hq, dv]` of the query at position `t` and its selected blocks
+    `[B, 1, Hkv, sel_count]` (int32, ascending, -1 padded). Caches: compressed `k_cmp/v_cmp [B, Tc,
+    Hkv, *]` (tokens `0 ..`), raw `k_sel/v_sel [B, >= t+1, Hkv, *]` (positions `0 ..`), window
+    `k_win/v_win [B, nw, Hkv, *]` (positions `t+1-nw .. t`, `nw <= window`). Scratch: fp32
+    partials, about `B*Hkv*16*(dv + l'/d ... )` floats per chunk; no host sync (capturable in a
+    CUDA graph)."""
+    b, _, hq, dk = q.shape
+    hkv, dv, tc = k_sel.shape[2], v_sel.shape[-1], k_cmp.shape[1]
+    q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = unit_last_stride(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win)
+    group = hq // hkv
+    dvc = tiles.dout_cols
+    bg, bdk, bdv, bh = np2(group), np2(dk), np2(dv, dvc), b * hkv
+    dev = q.device
+    exact = q.dtype == torch.float32
+    ch = tiles.dec_chunk
+    r, e = _geometry(block, stride, sel_block, ch)
+    nbk = ch // r
+    nvis = min(tc, max(0, (t + 1 - block) // stride + 1))
+    nch = triton.cdiv(nvis, ch)
+    pml, pacc = _scratch(bh * nch * 2 * bg, dev), _scratch(bh * nch * bg * bdv, dev)
+    psc, psp = _scratch(bh * nch * bg * nbk, dev), _scratch(bh * nch * bg, dev)
+    if nch:
+        _dec_cmp[(nch, bh)](q, k_cmp, v_cmp, pml, pacc, psc, psp, q.stride(0), q.stride(2), k_cmp.stride(0),
+                            k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2),
+                            nvis, scale, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e, D=stride, DK=dk, DV=dv, BDK=bdk,
+                            BDV=bdv, IEEE=exact, **tiles.launch("dec"))
+    nb, cur = t // sel_block + 1, t // sel_block
+    sw = np2(nb)
+    s = _scratch(bh * sw, dev)
+    idx = torch.empty(b, 1, hkv, sel_count, dtype=torch.int32, device=dev)
+    host = interpreting()
+    loop = dict(NCH_HOST=nch if host else 0, DYN=not host)
+    _dec_topn[(bh,)](pml, psc, psp, s, idx, idx.stride(0), idx.stride(2), nch, nb, cur, **loop, HKV=hkv, BG=bg,
+                     NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count), CB=tiles.dec_cb, num_warps=tiles.dtop_warps)
+    nwp = triton.cdiv(window, WIN_BLOCK) + 1        # blocks the window can touch (a fixed count: no recompiles)
+    bml, bacc = _scratch(bh * (sel_count + nwp) * 2 * bg, dev), _scratch(bh * (sel_count + nwp) * bg * bdv, dev)
+    _dec_blocks[(sel_count + nwp, bh)](
+        q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, q.stride(0), q.stride(2), k_sel.stride(0), k_sel.stride(1),
+        k_sel.stride(2), v_sel.stride(0), v_sel.stride(1), v_sel.stride(2), k_win.stride(0), k_win.stride(1),
+        k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2), idx.stride(0), idx.stride(2), t,
+        k_sel.shape[1], t + 1 - k_win.shape[1], scale,
+        HKV=hkv, G=group, BG=bg, N_SEL=sel_count, NSPL=sel_count, SEL=sel_block, WB=WIN_BLOCK, DK=dk, DV=dv,
+        BDK=bdk, BDV=bdv, IEEE=exact, **tiles.launch("dblk"))
+    out = common.empty_out(b, 1, hq, dv, dtype=q.dtype, device=dev)
+    _dec_out[(bh, bdv // dvc)](pml, pacc, bml, bacc, gates, out, gates.stride(0), gates.stride(2), gates.stride(3),
+                               out.stride(0), out.stride(2), nch, **loop, HKV=hkv, G=group, BG=bg, NSPL=sel_count,
+                               NWP=nwp, NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv, BDV=bdv, CB=tiles.dec_cb,
+                               DVC=dvc, num_warps=tiles.dout_warps)
+    return out, idx

@@ -1,0 +1,167 @@
+"""The fused decode step (triton_kernels/decode.py) against the fp64 oracle: on CUDA, or on CPU
+under TRITON_INTERPRET=1. The step's output is the gated sum of the three branches at position t,
+and its blocks are the oracle's top-n; separate caches per branch, strided like TokenBuffer views."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from nsa import NSAAttention, NSAConfig, reference
+from nsa.backends import triton_nsa
+from nsa.backends.triton_kernels import common
+from nsa.backends.triton_kernels import decode as triton_dec
+from tests.nsa.helpers import rand, rel_err
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    triton_nsa.unavailable_reason(DEV) is not None,
+    reason=f"triton backend unavailable: {triton_nsa.unavailable_reason(DEV)} (CPU: TRITON_INTERPRET=1)")
+L, D, SEL, N, W = 8, 4, 16, 4, 20
+# (B, Hq, Hkv, dk, dv): GQA 1/4/16, dk != dv.
+SHAPES = [(2, 8, 2, 16, 8), (1, 4, 4, 16, 16), (1, 16, 1, 32, 16)]
+IDS = [f"B{s[0]}-Hq{s[1]}-Hkv{s[2]}-dk{s[3]}-dv{s[4]}" for s in SHAPES]
+
+
+@pytest.fixture(autouse=True)
+def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outputs and scratch start as NaN: an element read before it is written shows."""
+    def nan_out(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    def nan_scratch(n: int, device: torch.device) -> torch.Tensor:
+        return torch.full((n,), float("nan"), dtype=torch.float32, device=device)
+
+    monkeypatch.setattr(common, "empty_out", nan_out)
+    monkeypatch.setattr(triton_dec, "_scratch", nan_scratch)
+
+
+def _strided(x: torch.Tensor) -> torch.Tensor:
+    """x as a view into a larger buffer (a TokenBuffer's capacity), so strides are not x's own."""
+    buf = torch.full((x.shape[0], x.shape[1] + 5, *x.shape[2:]), float("nan"), dtype=x.dtype, device=x.device)
+    buf[:, 2:2 + x.shape[1]] = x
+    return buf[:, 2:2 + x.shape[1]]
+
+
+def _step(shape, t, dtype=torch.float32):
+    """Inputs of one step at t with separate K/V per branch, and the oracle's (output, blocks)."""
+    b, hq, hkv, dk, dv = shape
+    q = rand(b, 1, hq, dk, dtype=dtype, device=DEV)
+    k_s, v_s = rand(b, t + 1, hkv, dk, dtype=dtype, device=DEV), rand(b, t + 1, hkv, dv, dtype=dtype, device=DEV)
+    k_w, v_w = rand(b, t + 1, hkv, dk, dtype=dtype, device=DEV), rand(b, t + 1, hkv, dv, dtype=dtype, device=DEV)
+    k_c, v_c = rand(b, t + 1, hkv, dk, dtype=dtype, device=DEV), rand(b, t + 1, hkv, dv, dtype=dtype, device=DEV)
+    kc = reference.compress_avg(k_c, L, D).to(dtype=dtype, device=DEV)
+    vc = reference.compress_avg(v_c, L, D).to(dtype=dtype, device=DEV)
+    gates = torch.rand(b, 1, hq, 3, device=DEV).to(dtype)
+    scale = dk ** -0.5
+    idx = reference.select_blocks(q, kc, block=L, stride=D, sel_block=SEL, sel_count=N, scale=scale, q_start=t)
+    o = (gates[..., 0:1].double().cpu() * reference.compressed_attention(q, kc, vc, block=L, stride=D, scale=scale,
+                                                                         q_start=t)
+         + gates[..., 1:2].double().cpu() * reference.selected_attention(q, k_s, v_s, idx, sel_block=SEL, scale=scale,
+                                                                         q_start=t)
+         + gates[..., 2:3].double().cpu() * reference.sliding_window_attention(q, k_w, v_w, window=W, scale=scale,
+                                                                               q_start=t))
+    nw = min(W, t + 1)
+    caches = (_strided(kc), _strided(vc), _strided(k_s), _strided(v_s), _strided(k_w[:, t + 1 - nw:]),
+              _strided(v_w[:, t + 1 - nw:]))
+    return q, gates, caches, scale, o, idx
+
+
+@pytest.mark.parametrize("t", [5, 37, 150, 299, 600])
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_triton_decode_step_matches_oracle(shape, t, seed):
+    """t = 5: no compressed token yet (output 0, scores 0, ties to the lowest blocks); t = 37:
+    fewer candidates than n (-1 padding); t = 150: one chunk of kernel A (64 compressed keys on the
+    CPU profile); t = 299, 600: 2 and 3 chunks (scores spilled across chunk edges); the window
+    past position 0 from t = 20."""
+    q, gates, caches, scale, ref, ref_idx = _step(shape, t)
+    assert triton_nsa.decode_unsupported_reason(q, t=t, dv=shape[4], block=L, stride=D, sel_block=SEL) is None
+    out, idx = triton_nsa.decode_step(q, gates, *caches, t=t, block=L, stride=D, sel_block=SEL, sel_count=N,
+                                      window=W, scale=scale)
+    assert torch.equal(idx.long().cpu(), ref_idx)
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_triton_decode_module_paths_agree(seed):
+    """NSAAttention.step through the fused step and through the separate ops (Tiles.dec_fused off):
+    both equal the oracle's prefill rows at every t, with the same reads."""
+    cfg = NSAConfig(dim=32, n_heads=8, n_kv_heads=2, head_dim_qk=16, head_dim_v=16, cmp_block=L, cmp_stride=D,
+                    sel_block=SEL, sel_count=N, window=W)
+    m = NSAAttention(cfg, backend="triton").to(DEV)
+    base = triton_nsa.current_tiles(DEV)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.3)
+        x = rand(1, 40, 32, device=DEV)
+        ref = reference.module_forward(m, x)
+        reads = {}
+        for fused in (True, False):
+            with triton_nsa.use_tiles(dataclasses.replace(base, dec_fused=fused)):
+                cache = m.new_cache()
+                for t in range(40):
+                    y = m.step(x[:, t:t + 1], cache)
+                    assert rel_err(y, ref[:, t:t + 1]) < 1e-5, (fused, t)
+                reads[fused] = (cache.reads.cmp, cache.reads.sel.tolist(), cache.reads.win,
+                                cache.reads.sel_blocks.tolist())
+        assert reads[True] == reads[False]
+        # t = 39: cmp (40 - 8) // 4 + 1 = 9; sel (3 - 1) * 16 + 39 % 16 + 1 = 40 (3 blocks); win 20.
+        assert reads[True][:3] == (9, [[40, 40]], 20)
+
+
+def test_triton_decode_step_rejects_bad_input():
+    q = rand(1, 1, 4, 16, device=DEV)
+    kv = rand(1, 10, 2, 16, device=DEV)
+    gates = torch.rand(1, 1, 4, 3, device=DEV)
+    kw = dict(block=L, stride=D, sel_block=SEL, sel_count=N, window=W, scale=0.25)
+    with pytest.raises(ValueError, match="positions 0 .. t"):
+        triton_nsa.decode_step(q, gates, kv[:, :1], kv[:, :1], kv, kv, kv, kv, t=10, **kw)
+    with pytest.raises(ValueError, match="window cache"):
+        triton_nsa.decode_step(q, gates, kv[:, :1], kv[:, :1], kv, kv, kv, kv, t=5, **kw)
+    with pytest.raises(ValueError, match="one query per sequence"):
+        triton_nsa.decode_step(rand(1, 2, 4, 16, device=DEV), gates, kv, kv, kv, kv, kv, kv, t=9, **kw)
+    with pytest.raises(ValueError, match="gates"):
+        triton_nsa.decode_step(q, gates[..., :2], kv[:, :1], kv[:, :1], kv, kv, kv, kv, t=9, **kw)
+    assert "must divide" in triton_nsa.decode_unsupported_reason(q, t=9, dv=16, block=8, stride=3, sel_block=16)
+    assert "l/d = 8 must be <=" in triton_nsa.decode_unsupported_reason(q, t=9, dv=16, block=32, stride=4,
+                                                                        sel_block=16)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="bf16 tensor-core path needs CUDA")
+@pytest.mark.gpu
+@pytest.mark.parametrize("dk", [128, 192])
+def test_triton_decode_step_bf16_paper_sizes_on_gpu(dk, seed):
+    """bf16, the paper's l/d/l'/n/w and 64/4 heads at t = 5000 (several chunks of 256 compressed
+    keys on the H100 profile): the output within 2x the separate-op path's error of the oracle,
+    and the blocks the separate-op path picks (both score in fp32 from the same logits)."""
+    b, hq, hkv, dv, t = 2, 64, 4, 128, 5000
+    cfg = NSAConfig(dim=256, n_heads=hq, n_kv_heads=hkv, head_dim_qk=dk, head_dim_v=dv, cmp_block=32, cmp_stride=16,
+                    sel_block=64, sel_count=16, window=512)
+    m = NSAAttention(cfg, backend="triton").to(device=DEV, dtype=torch.bfloat16)
+    with torch.no_grad():
+        x = rand(b, t + 1, 256, dtype=torch.bfloat16, device=DEV)
+        _, cache = m.prefill(x[:, :t])
+        q, kv, gates = m.project(x[:, t:], start=t)
+        for name, (kb, vb) in cache.raw.items():
+            kb.append(kv[name][0])
+            vb.append(kv[name][1])
+        cache.length = t + 1
+        m._extend_compressed(cache, t)
+        base = triton_nsa.current_tiles(DEV)
+        outs = {}
+        for fused in (True, False):
+            with triton_nsa.use_tiles(dataclasses.replace(base, dec_fused=fused)):
+                outs[fused] = (m.decode_attend(q, gates, cache), cache.reads.sel_blocks.clone())
+        k_s, v_s = (buf.view() for buf in cache.raw[m._kv_name("sel")])
+        k_w, v_w = (buf.view(512) for buf in cache.raw[m._kv_name("win")])   # positions t - 511 .. t
+        idx = outs[False][1]
+        c = cfg
+        ref = (gates[..., 0:1].double().cpu() * reference.compressed_attention(
+                   q, cache.k_cmp, cache.v_cmp, block=32, stride=16, scale=c.softmax_scale, q_start=t)
+               + gates[..., 1:2].double().cpu() * reference.selected_attention(
+                   q, k_s, v_s, idx, sel_block=64, scale=c.softmax_scale, q_start=t)
+               + gates[..., 2:3].double().cpu() * reference.sliding_window_attention(
+                   q, k_w, v_w, window=512, scale=c.softmax_scale, q_start=k_w.shape[1] - 1))
+        assert torch.equal(outs[True][1], idx)
+        assert rel_err(outs[True][0], ref) <= 2 * rel_err(outs[False][0], ref) + 1e-6
