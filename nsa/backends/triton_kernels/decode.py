@@ -35,6 +35,8 @@ from torch import Tensor
 
 from nsa.backends.triton_kernels import common
 from nsa.backends.triton_kernels.common import np2, pow2, unit_last_stride
+from nsa.backends.triton_kernels.scores import _block_map
+from nsa.backends.triton_kernels.selection import _gate_sum
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 from nsa.backends.triton_kernels.topn import _row_scores, _take_top, _write_blocks
 
@@ -45,6 +47,31 @@ def _scratch(n: int, device: torch.device) -> Tensor:
     """fp32 scratch of the step (partials, scores): every element read is written first (tests
     fill it with NaN to hold the kernels to that)."""
     return torch.empty(max(n, 1), dtype=torch.float32, device=device)
+
+
+@triton.jit
+def _attend_block(q, Kb, Vb, skt, svt, kpos, valid, scale,
+                  DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr):
+    """Softmax partial of the group's heads over one block of keys at rows `kpos` (masked by
+    `valid`): (row max m, p = exp(logit - m), acc = p @ V); the row sum of p is l."""
+    offs_dk = tl.arange(0, BDK)
+    offs_dv = tl.arange(0, BDV)
+    k = tl.load(Kb + kpos[:, None].to(tl.int64) * skt + offs_dk[None, :],
+                mask=valid[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    if IEEE:
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(k))
+    qk = tl.where(valid[None, :], qk * scale, float("-inf"))
+    m = tl.max(qk, 1)
+    p = tl.exp(qk - tl.where(m == float("-inf"), 0.0, m)[:, None])
+    v = tl.load(Vb + kpos[:, None].to(tl.int64) * svt + offs_dv[None, :],
+                mask=valid[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    if IEEE:
+        acc = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v)
+    return m, p, acc
 
 
 @triton.jit
@@ -67,35 +94,19 @@ def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, sqb, sqh, skb, skt, skh, svb, svt, 
     q = tl.load(Q + b * sqb + (h * G + offs_g)[:, None] * sqh + offs_dk[None, :],
                 mask=g_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
     offs_c = c * CH + tl.arange(0, CH)
-    vis = offs_c < nvis
-    kc = tl.load(KC + b * skb + h * skh + offs_c[:, None].to(tl.int64) * skt + offs_dk[None, :],
-                 mask=vis[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    if IEEE:
-        qk = tl.dot(q, tl.trans(kc), input_precision="ieee")
-    else:
-        qk = tl.dot(q, tl.trans(kc))
-    qk = tl.where(g_ok[:, None] & vis[None, :], qk * scale, float("-inf"))
-    m = tl.max(qk, 1)
-    p = tl.exp(qk - tl.where(m == float("-inf"), 0.0, m)[:, None])
-    vc = tl.load(VC + b * svb + h * svh + offs_c[:, None].to(tl.int64) * svt + offs_dv[None, :],
-                 mask=vis[:, None] & (offs_dv[None, :] < DV), other=0.0)
-    if IEEE:
-        acc = tl.dot(p, vc.to(tl.float32), input_precision="ieee")
-    else:
-        acc = tl.dot(p.to(vc.dtype), vc)
+    m, p, acc = _attend_block(q, KC + b * skb + h * skh, VC + b * svb + h * svh, skt, svt, offs_c, offs_c < nvis,
+                              scale, DK, DV, BDK, BDV, IEEE)
+    # Padded head rows (q = 0) leave the partial empty, so they add nothing to the group's scores.
+    m = tl.where(g_ok, m, float("-inf"))
+    p = tl.where(g_ok[:, None], p, 0.0)
     part = (bh * tl.num_programs(0) + c).to(tl.int64)
     tl.store(PML + part * 2 * BG + offs_g, m)
     tl.store(PML + part * 2 * BG + BG + offs_g, tl.sum(p, 1))
     tl.store(PACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc)
     # Block map (scores.py): token jR + r gives D*min(R-r, E) to block j, D*max(0, r+E-R) to j+1.
     NBK: tl.constexpr = CH // R
-    p3 = tl.reshape(p, [BG, NBK, R])
-    r = tl.arange(0, R)
-    own = tl.sum(p3 * (D * tl.minimum(R - r, E)).to(tl.float32)[None, None, :], 2)
-    nxt = tl.sum(p3 * (D * tl.maximum(r + E - R, 0)).to(tl.float32)[None, None, :], 2)
+    tot, nxt = _block_map(p, BG, NBK, R, E, D)
     i = tl.arange(0, NBK)
-    shift = (i[None, :] == i[:, None] + 1).to(tl.float32)      # column i -> i + 1, exact in fp32
-    tot = own + tl.dot(nxt, shift, input_precision="ieee")
     tl.store(PSC + (part * BG + offs_g)[:, None] * NBK + i[None, :], tot)
     tl.store(PSP + part * BG + offs_g, tl.sum(tl.where(i[None, :] == NBK - 1, nxt, 0.0), 1))
 
@@ -163,31 +174,6 @@ def _dec_topn(PML, PSC, PSP, S, IDX, sib, sih, nch, NB, cur,
 
 
 @triton.jit
-def _attend_block(q, Kb, Vb, skt, svt, kpos, valid, scale,
-                  DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr):
-    """Softmax partial (m, l, acc) of the group's heads over one block of raw keys at rows
-    `kpos` (masked by `valid`)."""
-    offs_dk = tl.arange(0, BDK)
-    offs_dv = tl.arange(0, BDV)
-    k = tl.load(Kb + kpos[:, None].to(tl.int64) * skt + offs_dk[None, :],
-                mask=valid[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    if IEEE:
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        qk = tl.dot(q, tl.trans(k))
-    qk = tl.where(valid[None, :], qk * scale, float("-inf"))
-    m = tl.max(qk, 1)
-    p = tl.exp(qk - tl.where(m == float("-inf"), 0.0, m)[:, None])
-    v = tl.load(Vb + kpos[:, None].to(tl.int64) * svt + offs_dv[None, :],
-                mask=valid[:, None] & (offs_dv[None, :] < DV), other=0.0)
-    if IEEE:
-        acc = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        acc = tl.dot(p.to(v.dtype), v)
-    return m, tl.sum(p, 1), acc
-
-
-@triton.jit
 def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh,
                 skwb, skwt, skwh, svwb, svwt, svwh, sib, sih, t, len_sel, kw_start, scale,
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, N_SEL: tl.constexpr, NSPL: tl.constexpr,
@@ -208,13 +194,15 @@ def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, sqb, sqh, sksb, skst, sksh, s
     if p < NSPL:
         blk = tl.load(IDX + b * sib + h * sih + p, mask=p < N_SEL, other=-1)
         pos_s = blk * SEL + tl.arange(0, SEL)
-        m, den, acc = _attend_block(q, KS + b * sksb + h * sksh, VS + b * svsb + h * svsh, skst, svst, pos_s,
+        m, p_s, acc = _attend_block(q, KS + b * sksb + h * sksh, VS + b * svsb + h * svsh, skst, svst, pos_s,
                                     (blk >= 0) & (pos_s <= t) & (pos_s < len_sel), scale, DK, DV, BDK, BDV, IEEE)
+        den = tl.sum(p_s, 1)   # p has the block's width: it must not leave the branch (SEL != WB)
     else:
         pos_w = (kw_start // WB + p - NSPL) * WB + tl.arange(0, WB)
-        m, den, acc = _attend_block(q, KW + b * skwb + h * skwh, VW + b * svwb + h * svwh, skwt, svwt,
+        m, p_w, acc = _attend_block(q, KW + b * skwb + h * skwh, VW + b * svwb + h * svwh, skwt, svwt,
                                     pos_w - kw_start, (pos_w >= kw_start) & (pos_w <= t), scale, DK, DV, BDK, BDV,
                                     IEEE)
+        den = tl.sum(p_w, 1)
     part = (bh * tl.num_programs(0) + p).to(tl.int64)
     tl.store(PML + part * 2 * BG + offs_g, m)
     tl.store(PML + part * 2 * BG + BG + offs_g, den)
@@ -270,11 +258,7 @@ def _dec_out(PML, PACC, BML, BACC, GT, Out, sgb, sgh, sgc, sob, soh, nch,
     o_win = _merge_static(BML, BACC, first + NSPL, offs_g, offs_v, NWP, NPW, BG, BDV)
     g_ok = offs_g < G
     heads = h * G + offs_g
-    gate = GT + b * sgb + heads * sgh
-    g_cmp = tl.load(gate, mask=g_ok, other=0.0).to(tl.float32)
-    g_sel = tl.load(gate + sgc, mask=g_ok, other=0.0).to(tl.float32)
-    g_win = tl.load(gate + 2 * sgc, mask=g_ok, other=0.0).to(tl.float32)
-    o = g_cmp[:, None] * o_cmp + g_sel[:, None] * o_sel + g_win[:, None] * o_win
+    o = _gate_sum(o_cmp, o_sel, o_win, GT + b * sgb + heads * sgh, g_ok, sgc)
     tl.store(Out + b * sob + heads[:, None] * soh + offs_v[None, :], o.to(Out.dtype.element_ty),
              mask=g_ok[:, None] & (offs_v[None, :] < DV))
 

@@ -94,6 +94,21 @@ def _cmp_lse(Q, KC, VC, Out, LSE,
 
 
 @triton.jit
+def _block_map(p, ROWS: tl.constexpr, NBK: tl.constexpr, R: tl.constexpr, E: tl.constexpr, D: tl.constexpr):
+    """The stride map of `p [ROWS, NBK * R]` (probabilities of NBK * R consecutive compressed
+    tokens, from a block edge) onto its NBK selection blocks: (tot, nxt), `tot[:, i]` = what block
+    i gets from these tokens, `nxt[:, i]` = what block i + 1 gets from block i's tokens (so
+    `nxt[:, NBK - 1]` spills past the tile). The shift of nxt is an exact fp32 dot (NBK >= 16)."""
+    p3 = tl.reshape(p, [ROWS, NBK, R])
+    r = tl.arange(0, R)
+    own = tl.sum(p3 * (D * tl.minimum(R - r, E)).to(tl.float32)[None, None, :], 2)
+    nxt = tl.sum(p3 * (D * tl.maximum(r + E - R, 0)).to(tl.float32)[None, None, :], 2)
+    i = tl.arange(0, NBK)
+    shift = (i[None, :] == i[:, None] + 1).to(tl.float32)      # column i -> i + 1, exact in fp32
+    return own + tl.dot(nxt, shift, input_precision="ieee"), nxt
+
+
+@triton.jit
 def _cmp_scores(Q, KC, LSE, S,
                 sqb, sqt, sqh, skb, skt, skh, slb, slh, ssb, sst, ssh,
                 T, Tc, NB, q_start, qk_scale2,
@@ -137,15 +152,8 @@ def _cmp_scores(Q, KC, LSE, S,
     # Invisible entries (and rows that see nothing: lse = +inf) leave the sum here, by select.
     acc = tl.where((offs_c[None, :] < nvis[:, None]) & q_ok[:, None], acc, 0.0)
     NBK: tl.constexpr = BK // R
-    p3 = tl.reshape(acc, [BQ, NBK, R])
-    r = tl.arange(0, R)
-    w_own = (D * tl.minimum(R - r, E)).to(tl.float32)
-    w_next = (D * tl.maximum(r + E - R, 0)).to(tl.float32)
-    own = tl.sum(p3 * w_own[None, None, :], 2)                 # [BQ, NBK]: to block jb + i
-    nxt = tl.sum(p3 * w_next[None, None, :], 2)                # to block jb + i + 1
+    tot, nxt = _block_map(acc, BQ, NBK, R, E, D)
     i = tl.arange(0, NBK)
-    shift = (i[None, :] == i[:, None] + 1).to(tl.float32)      # column i -> i + 1, exact in fp32
-    tot = own + tl.dot(nxt, shift, input_precision="ieee")
     jb = c0 // R
     offs_j = jb + i
     rows = S + b * ssb + offs_q[:, None].to(tl.int64) * sst + h * ssh

@@ -19,16 +19,22 @@ from nsa.backends.triton_kernels.tiles import Tiles
 
 
 @triton.jit
+def _gate_sum(o_cmp, o_sel, o_win, gate, g_ok, sgc):
+    """g_cmp * o_cmp + g_sel * o_sel + g_win * o_win (fp32 outputs `[heads, dv]`), the three gates
+    of each head at `gate + c * sgc` (heads where `g_ok`)."""
+    g_cmp = tl.load(gate, mask=g_ok, other=0.0).to(tl.float32)
+    g_sel = tl.load(gate + sgc, mask=g_ok, other=0.0).to(tl.float32)
+    g_win = tl.load(gate + 2 * sgc, mask=g_ok, other=0.0).to(tl.float32)
+    return g_cmp[:, None] * o_cmp + g_sel[:, None] * o_sel + g_win[:, None] * o_win
+
+
+@triton.jit
 def _gated(o, OC, OW, GT, b, t, heads, offs_g, offs_dv, omask, scb, sct, sch, swb, swt, swh,
            sgb, sgt, sgh, sgc, G: tl.constexpr):
     """The module's gated sum g_cmp * o_cmp + g_sel * o + g_win * o_win for one query's heads, fp32."""
     oc = tl.load(OC + b * scb + t * sct + heads[:, None] * sch + offs_dv[None, :], mask=omask, other=0.0)
     ow = tl.load(OW + b * swb + t * swt + heads[:, None] * swh + offs_dv[None, :], mask=omask, other=0.0)
-    gate = GT + b * sgb + t * sgt + heads * sgh
-    g_cmp = tl.load(gate, mask=offs_g < G, other=0.0).to(tl.float32)
-    g_sel = tl.load(gate + sgc, mask=offs_g < G, other=0.0).to(tl.float32)
-    g_win = tl.load(gate + 2 * sgc, mask=offs_g < G, other=0.0).to(tl.float32)
-    return g_cmp[:, None] * oc.to(tl.float32) + g_sel[:, None] * o + g_win[:, None] * ow.to(tl.float32)
+    return _gate_sum(oc.to(tl.float32), o, ow.to(tl.float32), GT + b * sgb + t * sgt + heads * sgh, offs_g < G, sgc)
 
 
 @triton.jit
