@@ -7,7 +7,7 @@ Stages: avg compression, the Triton compressed+scores kernels (default: one-pass
 the scores kernel; and the earlier two-pass kernel), top-n (Triton, and the torch rule),
 the Triton selection kernel (alone, and with the gated-sum epilogue), sliding (FA-2, Triton), the torch
 gated sum, the whole forward as the fast suite times it; and dense causal FA-2 / cuDNN for scale. Paper layout
-(64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16 w=512), bf16, B=1.
+(64 query / 4 KV heads unless --heads/--kv-heads, D 128, l=32 d=16 l'=64 n=16 w=512), bf16, B=1.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ PARAMS = {"block": 32, "stride": 16, "sel_block": 64, "sel_count": 16, "window":
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--T", type=int, default=65536)
+    ap.add_argument("--heads", type=int, default=64, help="query heads (prefill; default the paper's 64)")
+    ap.add_argument("--kv-heads", type=int, default=4, help="KV heads (prefill; 16/16 is GQA 1, 32/8 GQA 4)")
     ap.add_argument("--json", help="write the medians (ms) here")
     ap.add_argument("--decode-batch", type=int, default=0,
                     help="instead: one decode step at t = T - 1 for this many sequences, each stage in a CUDA graph")
@@ -51,9 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     dev, dt, t = "cuda", torch.bfloat16, args.T
     g = torch.Generator(device=dev).manual_seed(0)
     r = lambda *s: torch.randn(*s, device=dev, dtype=dt, generator=g)  # noqa: E731
-    q = r(1, t, 64, 128)
-    k, v = r(1, t, 4, 128), r(1, t, 4, 128)
-    gates = torch.sigmoid(r(1, t, 64, 3))
+    if args.heads % args.kv_heads:
+        print(f"--heads {args.heads} must be a multiple of --kv-heads {args.kv_heads}", file=sys.stderr)
+        return 2
+    q = r(1, t, args.heads, 128)
+    k, v = r(1, t, args.kv_heads, 128), r(1, t, args.kv_heads, 128)
+    gates = torch.sigmoid(r(1, t, args.heads, 3))
     kc, vc = ops.compress_kv(k, v, block=32, stride=16)
     o_cmp, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5)
     idx = triton_nsa.topn(scores, 0, sel_block=64, sel_count=16)
@@ -97,13 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     samples = measure(stages, Timer(warmup_ms=50, rep_ms=300, min_rep=5, max_rep=50))
     med = {name: statistics.median(s) for name, s in samples.items()}
-    print(f"T={t} ({torch.cuda.get_device_name()})")
+    print(f"T={t} heads {args.heads}/{args.kv_heads} ({torch.cuda.get_device_name()})")
     for name, ms in med.items():
         print(f"  {name:34s} {ms:9.3f} ms")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"T": t, "gpu": torch.cuda.get_device_name(), "median_ms": med,
-                       "samples_ms": samples}, fh, indent=1)
+            json.dump({"T": t, "heads": args.heads, "kv_heads": args.kv_heads, "gpu": torch.cuda.get_device_name(),
+                       "median_ms": med, "samples_ms": samples}, fh, indent=1)
     return 0
 
 

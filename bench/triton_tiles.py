@@ -2,7 +2,7 @@
 
     python bench/triton_tiles.py --T 65536 [--profile sm90] [--json out.json]
 
-Paper layout (64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16), bf16, B=1 (decode: one
+Paper layout (64 query / 4 KV heads unless --heads/--kv-heads, D 128, l=32 d=16 l'=64 n=16), bf16, B=1 (decode: one
 query at t = T - 1 for B=8 sequences: `dec` the split kernel's chunking, `step` the fused decode
 step's knobs, timed as CUDA-graph replays, `dec_fused: False` being the separate-op step). Every variant is
 checked against the default configuration's output before it is timed (same compressed output
@@ -38,13 +38,17 @@ def _variants() -> dict[str, list[dict]]:
     scr = [{"scr_bq": q, "scr_bk": k, "scr_warps": w, "scr_stages": s}
            for q, k, w, s in itertools.product((32, 64, 128), (64, 128, 256), (4, 8), (2, 3))]
     sel = [{"sel_warps": w, "sel_stages": s} for w, s in itertools.product((1, 2, 4), (2, 3))]
+    # block-centric selection (groups <= selb_max_group: run with --heads 16 --kv-heads 16 or 32/8)
+    sel += [{"selb_rows": r, "selb_warps": w, "selb_stages": s}
+            for r, w, s in itertools.product((64, 128, 256), (4, 8), (None, 2, 3)) if w * 16 <= r]
     dec = [{"split_tiles": n, "split_warps": w} for n, w in itertools.product((1, 2, 4, 8), (1, 2, 4))]
     win = [{"win_rows": r, "win_bn": bn, "win_warps": w, "win_stages": s}
            for r, bn, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3)) if w * 16 <= r]
     path = [{"cmp_lse": True}, {"cmp_lse": False}]
-    topn = [{"topn_warps": w} for w in (1, 2, 4, 8)]
+    topn = [{"topn_algo": a, "topn_warps": w} for a, w in itertools.product(("filter", "argmax"), (1, 2))]
+    topn += [{"topn_cap": c} for c in (32, 128)] + [{"topn_ctas": n} for n in (8, 16, 64, 128, 256, 1024)]
     # The fused decode step (decode.py), one knob at a time around the base profile.
-    step = [{}, {"dec_fused": False}] + [{"dec_chunk": c} for c in (64, 256)] + [
+    step = [{}, {"dec_fused": False}, {"dtop_algo": "argmax"}] + [{"dec_chunk": c} for c in (64, 256)] + [
         {"dtop_warps": w, "dec_cb": cb} for w, cb in itertools.product((2, 4, 8), (8, 16, 32))] + [
         {"dout_warps": w, "dout_cols": c} for w, c in itertools.product((2, 4, 8), (16, 32, 64))] + [
         {"dblk_warps": w} for w in (1, 4)]
@@ -55,6 +59,8 @@ def _variants() -> dict[str, list[dict]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--T", type=int, default=65536)
+    ap.add_argument("--heads", type=int, default=64, help="query heads of the prefill kinds (default 64)")
+    ap.add_argument("--kv-heads", type=int, default=4, help="KV heads of the prefill kinds (default 4)")
     ap.add_argument("--profile", help="base Tiles profile (sm90, default, ...); default: this GPU's")
     ap.add_argument("--json", help="write every variant's samples (ms) here")
     ap.add_argument("--kinds", default="path,cmp,lse,scr,topn,sel,dec,win",
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     dev, dt, t = "cuda", torch.bfloat16, args.T
     g = torch.Generator(device=dev).manual_seed(0)
     r = lambda *s: torch.randn(*s, device=dev, dtype=dt, generator=g)  # noqa: E731
-    q, k, v = r(1, t, 64, 128), r(1, t, 4, 128), r(1, t, 4, 128)
+    q, k, v = r(1, t, args.heads, 128), r(1, t, args.kv_heads, 128), r(1, t, args.kv_heads, 128)
     kc, vc = ops.compress_kv(k, v, block=32, stride=16)
     base = triton_nsa.tiles(args.profile or triton_nsa.profile_for(dev))
 
@@ -166,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"best {kind}: {best['tiles']} {best['median_ms']:.3f} ms")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"T": t, "gpu": torch.cuda.get_device_name(), "profile": args.profile or triton_nsa.profile_for(dev),
+            json.dump({"T": t, "heads": args.heads, "kv_heads": args.kv_heads, "gpu": torch.cuda.get_device_name(),
+                       "profile": args.profile or triton_nsa.profile_for(dev),
                        "defaults": dataclasses.asdict(base), **report}, fh, indent=1)
     return 0
 

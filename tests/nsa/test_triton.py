@@ -218,6 +218,46 @@ def test_triton_topn_matches_select_topn(q_start, mode, seed, tiles):
         assert (ours[:, :2] == -1).any(), "early rows have fewer candidates than n: the -1 padding is exercised"
 
 
+@pytest.mark.parametrize("case", ["spread", "one-bucket", "bucket-at-edge", "bucket-inside", "signed",
+                                  "few-candidates"])
+@pytest.mark.parametrize("algo", ["filter", "argmax"])
+def test_triton_topn_algorithms_are_exact(case, algo, seed, tiles):
+    """Each top-n algorithm of topn._select_row against the PyTorch rule on rows of 120 blocks
+    (n = 5, 7 index bits; bitonic: 16 candidates; filter: chunks of 4, at most 16 compacted):
+    scores spread out (the candidates decide); all in one truncation bucket (1.0 + k ulp,
+    k < 2**7: the whole-row fallback decides, ties by index included); ~18 near-equal top scores
+    in one bucket (across bitonic's 16th candidate, over filter's cap: fallback) or ~5 (inside:
+    the exact re-rank of the candidates decides); signed values with zeros of both signs; rows
+    with fewer candidates than 16 (filter: fewer than n chunks hold one). The persistent grid of
+    the CPU profile (3 programs) walks many rows each."""
+    from nsa.selection import select_topn
+
+    tiles(topn_algo=algo, topn_cap=16, topn_split_rows=0)
+    b, hkv, tq, sel_block, n, nb = 1, 2, 15, 4, 5, 120
+    q_start = nb * sel_block - tq if case != "few-candidates" else 30     # ~118 candidates, or 8-12
+    g = torch.Generator().manual_seed(seed)
+    if case == "spread":
+        scores = torch.rand(b, tq, hkv, nb, generator=g)
+    elif case == "one-bucket":
+        scores = 1.0 + torch.randint(0, 2 ** 7, (b, tq, hkv, nb), generator=g).float() * 2.0 ** -23
+    elif case in ("bucket-at-edge", "bucket-inside"):
+        scores = torch.rand(b, tq, hkv, nb, generator=g) * 0.5
+        # ~18 near-equal top blocks per row (across the 16th candidate), or ~5 (inside the 16)
+        near = torch.rand(b, tq, hkv, nb, generator=g) < (0.15 if case == "bucket-at-edge" else 0.04)
+        scores[near] = 0.75 + torch.randint(0, 8, (int(near.sum()),), generator=g).float() * 2.0 ** -24
+    elif case == "signed":
+        scores = torch.randint(-4, 5, (b, tq, hkv, nb), generator=g).float() / 4
+        zero = scores == 0
+        scores[zero] = torch.where(torch.rand(int(zero.sum()), generator=g) < 0.5, 0.0, -0.0)
+    else:
+        scores = torch.rand(b, tq, hkv, nb, generator=g)
+    scores = scores.to(DEV)
+    ours = triton_nsa.topn(scores, q_start, sel_block=sel_block, sel_count=n)
+    q_pos = torch.arange(q_start, q_start + tq, device=DEV)
+    want = select_topn(scores.permute(0, 2, 1, 3), q_pos, sel_block=sel_block, sel_count=n)
+    assert torch.equal(ours.long(), want.long())
+
+
 @pytest.mark.parametrize("shape", SHAPES[1:], ids=IDS[1:])
 def test_triton_split_decode_matches_prefill_rows(shape, seed, monkeypatch, tiles):
     """Decode splits the compressed keys over chunks (flash-decoding) when the queries fit one

@@ -57,6 +57,10 @@ def test_use_tiles_scopes_an_override_and_nests():
     ({"cmp_lse": "yes"}, "cmp_lse must be a bool"),
     ({"scr_bk": 8}, "scr_bk must be >= 16"),
     ({"lse_rows": 96}, "lse_rows must be a power of two"),
+    ({"topn_algo": "sort"}, r"topn_algo must be one of \('argmax', 'filter'\)"),
+    ({"dtop_algo": None}, "dtop_algo must be one of"),
+    ({"topn_cap": 24}, "topn_cap must be a power of two"),
+    ({"topn_ctas": 0}, "topn_ctas must be an int >= 1"),
 ])
 def test_tiles_reject_values_the_kernels_cannot_take(changes, match):
     with pytest.raises(ValueError, match=match):

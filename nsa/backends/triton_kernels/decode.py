@@ -38,7 +38,7 @@ from nsa.backends.triton_kernels.common import np2, pow2, unit_last_stride
 from nsa.backends.triton_kernels.scores import _block_map
 from nsa.backends.triton_kernels.selection import _gate_sum
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
-from nsa.backends.triton_kernels.topn import _row_scores, _take_top, _write_blocks
+from nsa.backends.triton_kernels.topn import _row_scores, _select_row, sort_params
 
 WIN_BLOCK = 64   # window keys per program of kernel C
 
@@ -134,7 +134,8 @@ def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constex
 @triton.jit
 def _dec_topn(PML, PSC, PSP, S, IDX, sib, sih, nch, NB, cur,
               NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, BG: tl.constexpr,
-              NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr):
+              NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
+              ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr):
     """Per (sequence, KV group): lse per head; group scores of blocks [0, NB) -> S[bh] (fp32):
     block `c*NBK + i` gets sum_h exp(m_c,h - lse_h) * PSC[c, h, i], plus chunk c-1's spill at
     i = 0; then their top N under the spec's rules -> IDX[b, 0, h, :]."""
@@ -147,7 +148,7 @@ def _dec_topn(PML, PSC, PSP, S, IDX, sib, sih, nch, NB, cur,
     # exp(m - lse): lse = +inf for a row that sees nothing (and the padded heads), so 0 there.
     lse = tl.where(l_run == 0.0, float("inf"),
                    tl.where(m_run == float("-inf"), 0.0, m_run) + tl.log(tl.where(l_run == 0.0, 1.0, l_run)))
-    srow = S + bh.to(tl.int64) * SW
+    srow = S + bh.to(tl.int64) * (SW + CAP)   # the row, then CAP ints of top-n scratch
     cc = tl.arange(0, CB)
     k = tl.arange(0, NBK)
     # Chunk rows 0 .. nch: row nch holds only chunk nch-1's spill (the blocks after the last chunk).
@@ -170,7 +171,7 @@ def _dec_topn(PML, PSC, PSP, S, IDX, sib, sih, nch, NB, cur,
     tl.store(srow + jz, tl.zeros([SW], tl.float32), mask=jz >= (nch + 1) * NBK)   # past every chunk: 0
     tl.debug_barrier()
     s = _row_scores(srow, jz, NB, cur)
-    _write_blocks(IDX + b * sib + h * sih, jz, _take_top(s, jz, N), N, BN)
+    _select_row(srow, s, jz, NB, cur, IDX + b * sib + h * sih, srow + SW, N, BN, ALGO, IB, K2, CW, CAP)
 
 
 @triton.jit
@@ -322,12 +323,13 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
                             BDV=bdv, IEEE=exact, **tiles.launch("dec"))
     nb, cur = t // sel_block + 1, t // sel_block
     sw = np2(nb)
-    s = _scratch(bh * sw, dev)
+    s = _scratch(bh * (sw + tiles.topn_cap), dev)
     idx = torch.empty(b, 1, hkv, sel_count, dtype=torch.int32, device=dev)
     host = interpreting()
     loop = dict(NCH_HOST=nch if host else 0, DYN=not host)
     _dec_topn[(bh,)](pml, psc, psp, s, idx, idx.stride(0), idx.stride(2), nch, nb, cur, **loop, HKV=hkv, BG=bg,
-                     NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count), CB=tiles.dec_cb, num_warps=tiles.dtop_warps)
+                     NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count), CB=tiles.dec_cb,
+                     **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap), num_warps=tiles.dtop_warps)
     nwp = triton.cdiv(window, WIN_BLOCK) + 1        # blocks the window can touch (a fixed count: no recompiles)
     bml, bacc = _scratch(bh * (sel_count + nwp) * 2 * bg, dev), _scratch(bh * (sel_count + nwp) * bg * bdv, dev)
     _dec_blocks[(sel_count + nwp, bh)](

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+TOPN_ALGOS = ("argmax", "filter")
+
 
 @dataclass(frozen=True)
 class Tiles:
@@ -56,6 +58,9 @@ class Tiles:
     topn_split_rows: int = 2048   # fewer score rows than this (decode): two-stage top-n over chunks
     topn_chunk: int = 128         # blocks per chunk of the two-stage top-n
     topn_warps: int = 1           # prefill top-n, rows of >= 1024 blocks (shorter rows: one warp)
+    topn_algo: str = "filter"     # prefill top-n rows: "argmax" or "filter" (both exact; topn._select_row)
+    topn_cap: int = 64            # "filter": most candidates compacted per row (more: that row takes arg-max rounds)
+    topn_ctas: int = 256          # prefill top-n: programs per SM, each walking rows (its scratch: topn_cap ints)
     win_rows: int = 64            # sliding: (query, head) rows per program
     win_bn: int = 64              # sliding: keys per tile
     win_warps: int = 4
@@ -65,6 +70,7 @@ class Tiles:
     dec_warps: int = 4
     dec_stages: int | None = None
     dtop_warps: int = 4           # decode.py kernel B (lse, scores, top-n)
+    dtop_algo: str = "filter"     # decode.py kernel B: top-n as topn_algo (with topn_cap)
     dout_warps: int = 4           # decode.py kernel D (merges, gated sum)
     dout_cols: int = 16           # decode.py kernel D: output columns per program (>= 16)
     dec_cb: int = 16              # decode.py kernels B and D: chunk partials per vector load
@@ -75,6 +81,10 @@ class Tiles:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name in ("topn_algo", "dtop_algo"):
+                if value not in TOPN_ALGOS:
+                    raise ValueError(f"Tiles.{f.name} must be one of {TOPN_ALGOS}, got {value!r}")
+                continue
             if f.name in ("score_carry", "cmp_lse", "dec_fused"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
@@ -90,11 +100,12 @@ class Tiles:
                      "split_warps", "win_warps", "lse_rows", "lse_bc", "lse_warps",
                      "scr_bq", "scr_bk", "scr_warps", "selb_rows", "selb_warps", "topn_warps", "dec_chunk",
                      "dec_warps", "dtop_warps", "dout_warps", "dblk_warps",
-                     "dec_max_blocks", "dout_cols", "dec_cb"):
+                     "dec_max_blocks", "dout_cols", "dec_cb", "topn_cap"):
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two (tl.arange sizes, warps), got {value}")
-        for name in ("cmp_bc", "win_bn", "lse_bc", "scr_bq", "scr_bk", "lse_rows", "selb_rows", "dec_chunk", "dout_cols"):
+        for name in ("cmp_bc", "win_bn", "lse_bc", "scr_bq", "scr_bk", "lse_rows", "selb_rows", "dec_chunk", "dout_cols",
+                     "topn_cap"):
             if getattr(self, name) < 16:
                 raise ValueError(f"Tiles.{name} must be >= 16 (tl.dot's smallest tile), got {getattr(self, name)}")
 
@@ -115,7 +126,7 @@ PROFILES: dict[str, Tiles] = {
     "sm90": Tiles(),
     "default": Tiles(),
     "cpu": Tiles(cmp_rows=16, cmp_bc=16, win_rows=16, win_bn=16, lse_rows=16, lse_bc=16, scr_bq=16, scr_bk=64,
-                 dec_chunk=64),
+                 dec_chunk=64, topn_ctas=3),
 }
 
 _override: contextvars.ContextVar[Tiles | None] = contextvars.ContextVar("nsa_triton_tiles", default=None)

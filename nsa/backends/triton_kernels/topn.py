@@ -1,10 +1,13 @@
 """Top-n block indices from group scores: the spec's forced blocks (0, current, previous) and tie
-rule (highest score, then the lower block index) by repeated arg-max, no sort. One program per
-score row; few rows (decode): each row's blocks split over chunks, then the chunks' candidates
-merged.
+rule (highest score, then the lower block index), exact. Prefill: programs walking score rows;
+each row is filtered to its few blocks that can still be in the top n (int32 keys, chunk maxima,
+a compaction; `_select_row`), then the rule runs by arg-max rounds over those. Few rows (decode's
+separate-op path): each row's blocks split over chunks, then the chunks' candidates merged.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -12,14 +15,14 @@ import triton.language as tl
 from torch import Tensor
 
 from nsa.backends.triton_kernels.common import np2
-from nsa.backends.triton_kernels.tiles import Tiles
+from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 
 @triton.jit
 def _row_scores(row, j, NB, cur):
     """Scores of blocks `j` of one row under the spec's rules: forced blocks (0, current `cur`,
     previous) +inf, non-candidates (`j > cur`, or past the row) -inf."""
-    s = tl.load(row + j, mask=j < NB, other=0.0)
+    s = tl.load(row + j, mask=(j < NB) & (j <= cur), other=0.0)
     s = tl.where((j == 0) | (j == cur) | (j == cur - 1), float("inf"), s)
     return tl.where(j <= cur, s, float("-inf"))
 
@@ -36,6 +39,55 @@ def _take_top(s, j, N: tl.constexpr):
         chosen = chosen | pick
         s = tl.where(pick, float("-inf"), s)
     return chosen
+
+
+@triton.jit
+def _keys(s, j, IB: tl.constexpr):
+    """int32 sort keys of scores `s` (+inf forced, -inf not a candidate) at blocks `j` < 2**IB,
+    ordered as (score, then the lower index): the score's bits made monotone as signed ints
+    (negatives' magnitude bits flipped; -0.0 taken as +0.0), the low IB cleared (truncation
+    keeps order: a higher key part means a higher score), then the index field
+    `2**IB - 1 - j`. Candidates' keys are distinct and > -2**31 + 1; non-candidates -2**31 + 1."""
+    bits = tl.where(s == 0.0, 0.0, s).to(tl.int32, bitcast=True)
+    mono = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    key = ((mono >> IB) << IB) | ((1 << IB) - 1 - j)
+    return tl.where(s > float("-inf"), key, -2147483647)
+
+
+@triton.jit
+def _select_row(row, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.constexpr, ALGO: tl.constexpr,
+                IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr):
+    """The spec's top-`N` of one row (scores `s = _row_scores(row, j, ...)` at blocks `j`, the
+    row's shape), written ascending to `out[0:N]`, -1 padded; exact (fp32 scores, ties to the
+    lower index) in every `ALGO` (`sort_params` picks it and the sizes):
+    0: `N` arg-max rounds over the row.
+    1 (filter): the row's int32 `_keys` (score part truncated: order exact except inside one
+      bucket) in chunks of `CW`; `tau` = the `N`-th largest chunk maximum, so at least `N` blocks
+      (those maxima) have keys >= tau, and a block in a lower bucket than tau's has a lower score
+      than each of them: it cannot be in the top `N`. The blocks in tau's bucket or above (>= N
+      of them, a few more for spread scores) are compacted in block order into `scr[0:CAP]` and
+      the exact rule runs over them; more than `CAP` (many near-equal scores): the arg-max rounds
+      over the whole row."""
+    if ALGO == 1:
+        key = _keys(s, j, IB)
+        W: tl.constexpr = 1 << IB
+        cmax = tl.max(tl.reshape(key, [W // CW, CW]), 1)
+        top = tl.topk(cmax, K2)                                             # K2 = np2(N) here
+        tau = tl.sum(tl.where(tl.arange(0, K2) == N - 1, top, 0), 0)
+        cand = (key > -2147483647) & ((key >> IB) >= (tau >> IB))
+        count = tl.sum(cand.to(tl.int32), 0)
+        if count > CAP:
+            _write_blocks(out, j, _take_top(s, j, N), N, BN)
+        else:
+            sp = scr.to(tl.pointer_type(tl.int32))     # decode passes a slice of its fp32 scratch
+            tl.store(sp + tl.cumsum(cand.to(tl.int32), 0) - 1, j, mask=cand)
+            tl.debug_barrier()
+            c = tl.arange(0, CAP)
+            jc = tl.load(sp + c, mask=c < count, other=2147483647)
+            tl.debug_barrier()                      # every lane has read scr before it is reused
+            _write_blocks(out, jc, _take_top(_row_scores(row, jc, NB, cur), jc, N), N, BN)
+    else:
+        _write_blocks(out, j, _take_top(s, j, N), N, BN)
 
 
 @triton.jit
@@ -92,18 +144,52 @@ def _topn_merge(CS, CI, IDX, sib, sit, sih, NC,
 
 
 @triton.jit
-def _topn(S, IDX, ssb, sst, ssh, sib, sit, sih, NB, q_start,
-          HKV: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, BNB: tl.constexpr, BN: tl.constexpr):
-    """One row of group scores -> its `N` blocks: forced block 0, current and previous; then the
-    highest scores among candidates `j <= t // SEL`, ties to the lower index; ascending, -1 pad."""
-    t = tl.program_id(0).to(tl.int64)   # t * score row stride passes 2**31 at 128k, 16 KV heads
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-    h = bh % HKV
-    cur = (q_start + t) // SEL
+def _topn(S, IDX, SCR, ssb, sst, ssh, sib, sit, sih, NB, q_start, n_rows, iters,
+          HKV: tl.constexpr, BH: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, BNB: tl.constexpr,
+          BN: tl.constexpr, ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr,
+          CAP: tl.constexpr, ITERS_HOST: tl.constexpr, DYN: tl.constexpr):
+    """Rows `pid, pid + P, ...` (`iters` of them at most) of the `n_rows = Tq * BH` rows of group scores (row `t * BH + bh`)
+    -> their `N` blocks: forced block 0, current and previous; then the highest scores among
+    candidates `j <= t // SEL`, ties to the lower index; ascending, -1 pad. `SCR[pid]`: this
+    program's `CAP` ints of compaction scratch (the filter)."""
+    pid = tl.program_id(0)
+    scr = SCR + pid * CAP
     j = tl.arange(0, BNB)
-    s = _row_scores(S + b * ssb + t * sst + h * ssh, j, NB, cur)
-    _write_blocks(IDX + b * sib + t * sit + h * sih, j, _take_top(s, j, N), N, BN)
+    for i in range(0, iters if DYN else ITERS_HOST):   # the interpreter loops over host ints only
+        r = pid + i * tl.num_programs(0)
+        if r < n_rows:
+            t = (r // BH).to(tl.int64)   # t * score row stride passes 2**31 at 128k, 16 KV heads
+            bh = r % BH
+            b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
+            h = bh % HKV
+            cur = (q_start + t) // SEL
+            row = S + b * ssb + t * sst + h * ssh
+            s = _row_scores(row, j, NB, cur)
+            _select_row(row, s, j, NB, cur, IDX + b * sib + t * sit + h * sih, scr, N, BN, ALGO, IB, K2, CW, CAP)
+
+
+
+
+
+def sort_params(width: int, sel_count: int, algo: str, cap: int) -> dict[str, int]:
+    """`ALGO`, `IB` (index bits), `K2` (np2(n)), `CW`, `CAP` of `_select_row` for rows of `width`
+    (a power of two) blocks; rows too short for the filter (<= cap, or fewer than np2(n) chunks of
+    CW = max(4, width / 256)) take the arg-max rounds."""
+    n2, cw = np2(sel_count, 1), max(4, width // 256)
+    use = algo == "filter" and width > cap and width // cw >= n2
+    return {"ALGO": int(use), "IB": max(width.bit_length() - 1, 1), "K2": n2, "CW": cw, "CAP": cap}
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def programs(device: torch.device, per_sm: int, rows: int) -> int:
+    """Persistent grid size: `per_sm` programs per SM (interpreter: `per_sm` in all), at most `rows`."""
+    dev = torch.device(device)
+    total = per_sm * (_sm_count(dev) if dev.type == "cuda" and not interpreting() else 1)
+    return max(1, min(rows, total))
 
 
 def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles: Tiles) -> Tensor:
@@ -128,7 +214,13 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
                                    HKV=hkv, N=sel_count, BC=np2(parts * sel_count, 16), BN=bn, num_warps=4)
         return idx
     bnb = np2(nb, 16)
-    _topn[(tq, b * hkv)](scores, idx, scores.stride(0), scores.stride(1), scores.stride(2), idx.stride(0),
-                         idx.stride(1), idx.stride(2), nb, q_start, HKV=hkv, SEL=sel_block, N=sel_count,
-                         BNB=bnb, BN=np2(sel_count, 16), num_warps=tiles.topn_warps if bnb >= 1024 else 1)
+    rows = b * tq * hkv
+    nprog = programs(scores.device, tiles.topn_ctas, rows)
+    scr = torch.empty(nprog, tiles.topn_cap, dtype=torch.int32, device=scores.device)
+    iters, dyn = triton.cdiv(rows, nprog), not interpreting()
+    _topn[(nprog,)](scores, idx, scr, scores.stride(0), scores.stride(1), scores.stride(2), idx.stride(0),
+                    idx.stride(1), idx.stride(2), nb, q_start, rows, iters, ITERS_HOST=0 if dyn else iters, DYN=dyn, HKV=hkv, BH=b * hkv, SEL=sel_block,
+                    N=sel_count, BNB=bnb, BN=np2(sel_count, 16),
+                    **sort_params(bnb, sel_count, tiles.topn_algo, tiles.topn_cap),
+                    num_warps=tiles.topn_warps if bnb >= 1024 else 1)
     return idx
