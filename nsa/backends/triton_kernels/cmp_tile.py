@@ -10,8 +10,9 @@ import triton.language as tl
 
 @triton.jit
 def _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale,
-                BC: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, IEEE: tl.constexpr):
-    """Scaled Q·Kc logits of one compressed tile `[c0, c0 + BC)`; -inf where invisible."""
+                BC: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, IEEE: tl.constexpr, masked):
+    """Scaled Q·Kc logits of one compressed tile `[c0, c0 + BC)`; -inf where invisible (`masked`,
+    a runtime bool, False: the caller knows every row sees the whole tile)."""
     offs_c = c0 + tl.arange(0, BC)
     offs_dk = tl.arange(0, BDK)
     kc = tl.load(KC + kc_base + offs_c[:, None] * skt + offs_dk[None, :],
@@ -20,7 +21,11 @@ def _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale,
         qk = tl.dot(q, tl.trans(kc), input_precision="ieee")
     else:
         qk = tl.dot(q, tl.trans(kc))
-    return tl.where(offs_c[None, :] < nvis[:, None], qk * scale, float("-inf"))
+    if masked:
+        qk = tl.where(offs_c[None, :] < nvis[:, None], qk * scale, float("-inf"))
+    else:
+        qk = qk * scale
+    return qk
 
 
 @triton.jit
@@ -47,7 +52,7 @@ def _pv_tile(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, scale, m_safe,
              IEEE: tl.constexpr):
     """Second-pass work of one compressed tile `[c0, c0 + BC)` with the final softmax stats:
     the exact probabilities `p` (0 where invisible) and `acc + p @ Vc`. Returns (acc, p, offs_c)."""
-    qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE)
+    qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE, True)
     p = tl.exp(qk - m_safe[:, None]) * inv_l[:, None]
     offs_c = c0 + tl.arange(0, BC)
     offs_dv = tl.arange(0, BDV)

@@ -62,7 +62,7 @@ def _cmp_group(Q, KC, VC, Out, S,
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
-        qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE)
+        qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE, True)
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         l_i = l_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(qk - m_safe[:, None]), 1)
@@ -136,7 +136,7 @@ def _cmp_split(Q, KC, VC, ML, PACC, S, SPILL,
         m_i = tl.full([M], float("-inf"), tl.float32)
         l_i = tl.zeros([M], tl.float32)
         for i in range(0, CH, BC):
-            qk = _cmp_logits(q, KC, kc_base, skt, c_lo + i, nvis, Tc, scale, BC, BDK, DK, IEEE)
+            qk = _cmp_logits(q, KC, kc_base, skt, c_lo + i, nvis, Tc, scale, BC, BDK, DK, IEEE, True)
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             l_i = l_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(qk - m_safe[:, None]), 1)

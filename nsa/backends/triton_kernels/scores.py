@@ -36,6 +36,29 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _lse_step(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, scale2, m_i, l_i, acc,
+              BC: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, DV: tl.constexpr,
+              IEEE: tl.constexpr, masked):
+    """One compressed tile of the online softmax, logits in log2 units (`scale2` = scale * log2 e);
+    `masked` False: every row sees the whole tile."""
+    offs_c = c0 + tl.arange(0, BC)
+    offs_dv = tl.arange(0, BDV)
+    qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale2, BC, BDK, DK, IEEE, masked)
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    vc = tl.load(VC + vc_base + offs_c[:, None] * svt + offs_dv[None, :],
+                 mask=(offs_c[:, None] < Tc) & (offs_dv[None, :] < DV), other=0.0)
+    if IEEE:
+        pv = tl.dot(p, vc.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(vc.dtype), vc)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _cmp_lse(Q, KC, VC, Out, LSE,
              sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slh,
              T, Tc, q_start, scale,
@@ -69,27 +92,28 @@ def _cmp_lse(Q, KC, VC, Out, LSE,
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, BDV], tl.float32)
-    for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
-        offs_c = c0 + tl.arange(0, BC)
-        qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE)
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(qk - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        vc = tl.load(VC + vc_base + offs_c[:, None] * svt + offs_dv[None, :],
-                     mask=(offs_c[:, None] < Tc) & (offs_dv[None, :] < DV), other=0.0)
-        if IEEE:
-            pv = tl.dot(p, vc.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(vc.dtype), vc)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    # Every valid row sees at least the first query's tokens: tiles below that need no mask.
+    t_first = q_start + pid_t * BTQ
+    all_vis = tl.minimum(tl.where(t_first + 1 < L, 0, (t_first + 1 - L) // D + 1), Tc)
+    scale2 = scale * 1.4426950408889634                   # logits in log2 units: exp2, one multiply
+    if DYN_LOOP:   # GPU: unmasked tiles, then the masked ones (a branch per tile fails to compile)
+        full_end = (all_vis // BC) * BC
+        for c0 in range(0, full_end, BC):
+            m_i, l_i, acc = _lse_step(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, scale2, m_i, l_i, acc,
+                                      BC, BDK, DK, BDV, DV, IEEE, False)
+        for c0 in range(full_end, max_vis, BC):
+            m_i, l_i, acc = _lse_step(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, scale2, m_i, l_i, acc,
+                                      BC, BDK, DK, BDV, DV, IEEE, True)
+    else:          # the interpreter: host-int bounds, the same split per tile
+        for c0 in range(0, TC_ALL, BC):
+            m_i, l_i, acc = _lse_step(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, scale2, m_i, l_i, acc,
+                                      BC, BDK, DK, BDV, DV, IEEE, c0 + BC > all_vis)
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     tl.store(Out + b * sob + offs_t[:, None] * sot + heads[:, None] * soh + offs_dv[None, :],
              o.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
-    lse = tl.where(empty, float("inf"), tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(tl.where(empty, 1.0, l_i)))
+    lse = tl.where(empty, float("inf"),
+                   tl.where(m_i == float("-inf"), 0.0, m_i) * 0.6931471805599453 + tl.log(tl.where(empty, 1.0, l_i)))
     tl.store(LSE + b * slb + heads * slh + offs_t, lse, mask=row_ok)
 
 

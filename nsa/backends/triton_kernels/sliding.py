@@ -22,6 +22,42 @@ from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 
 @triton.jit
+def _win_step(q, K, V, b, h, skb, skt, skh, svb, svt, svh, kt, t_abs, k_start, T_k, window, scale2, m_i, l_i, acc,
+              BN: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, DV: tl.constexpr,
+              IEEE: tl.constexpr, masked):
+    """Keys `[kt, kt + BN)` of the online softmax, logits in log2 units (`scale2` = scale * log2 e);
+    `masked` False: the tile lies inside every row's window and the given keys."""
+    pos = kt + tl.arange(0, BN)
+    offs_dk = tl.arange(0, BDK)
+    offs_dv = tl.arange(0, BDV)
+    in_k = (pos >= k_start) & (pos < k_start + T_k)
+    kpos = pos - k_start
+    k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
+                mask=in_k[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    if IEEE:
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(k))
+    if masked:
+        valid = in_k[None, :] & (pos[None, :] <= t_abs[:, None]) & (pos[None, :] > t_abs[:, None] - window)
+        qk = tl.where(valid, qk * scale2, float("-inf"))
+    else:
+        qk = qk * scale2
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(qk - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
+                mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    if IEEE:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _win_fwd(Q, K, V, Out, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
              T, T_k, q_start, k_start, window, scale,
              HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BTQ: tl.constexpr, BN: tl.constexpr,
@@ -43,7 +79,6 @@ def _win_fwd(Q, K, V, Out, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot
     row_ok = (offs_t < T) & (g < G)
     t_abs = q_start + offs_t
     heads = h * G + g
-    offs_n = tl.arange(0, BN)
     offs_dk = tl.arange(0, BDK)
     offs_dv = tl.arange(0, BDV)
     q = tl.load(Q + b * sqb + offs_t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
@@ -51,36 +86,30 @@ def _win_fwd(Q, K, V, Out, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot
     t_first = q_start + pid_t * BTQ
     t_last = q_start + tl.minimum(pid_t * BTQ + BTQ, T) - 1
     k0 = (tl.maximum(tl.maximum(t_first - window + 1, k_start), 0) // BN) * BN
+    lo_all = tl.maximum(t_last - window + 1, k_start)    # keys from here to t_first: in every row's window
+    scale2 = scale * 1.4426950408889634                   # logits in log2 units: exp2, one multiply
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, BDV], tl.float32)
-    # GPU: exactly the tiles up to the last query. The interpreter needs a host-int bound
-    # (NT_HOST, enough tiles for any program); the masks keep the result exact either way.
-    for i in range(0, tl.cdiv(t_last + 1 - k0, BN) if DYN_LOOP else NT_HOST):
-        pos = k0 + i * BN + offs_n
-        in_k = (pos >= k_start) & (pos < k_start + T_k)
-        kpos = pos - k_start
-        k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
-                    mask=in_k[:, None] & (offs_dk[None, :] < DK), other=0.0)
-        if IEEE:
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
-        valid = in_k[None, :] & (pos[None, :] <= t_abs[:, None]) & (pos[None, :] > t_abs[:, None] - window)
-        qk = tl.where(valid, qk * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(qk - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
-                    mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0)
-        if IEEE:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    # Tiles [i_lo, i_hi) lie inside every row's window and the given keys: no mask there.
+    n_t = tl.cdiv(t_last + 1 - k0, BN)
+    i_lo = tl.minimum(tl.cdiv(lo_all - k0, BN), n_t)
+    i_hi = tl.minimum(tl.maximum(tl.maximum(tl.minimum(t_first + 1, k_start + T_k) - k0, 0) // BN, i_lo), n_t)
+    if DYN_LOOP:   # GPU: masked head, unmasked middle, masked tail (a branch per tile fails to compile)
+        for i in range(0, i_lo):
+            m_i, l_i, acc = _win_step(q, K, V, b, h, skb, skt, skh, svb, svt, svh, k0 + i * BN, t_abs, k_start, T_k,
+                                      window, scale2, m_i, l_i, acc, BN, BDK, DK, BDV, DV, IEEE, True)
+        for i in range(i_lo, i_hi):
+            m_i, l_i, acc = _win_step(q, K, V, b, h, skb, skt, skh, svb, svt, svh, k0 + i * BN, t_abs, k_start, T_k,
+                                      window, scale2, m_i, l_i, acc, BN, BDK, DK, BDV, DV, IEEE, False)
+        for i in range(i_hi, n_t):
+            m_i, l_i, acc = _win_step(q, K, V, b, h, skb, skt, skh, svb, svt, svh, k0 + i * BN, t_abs, k_start, T_k,
+                                      window, scale2, m_i, l_i, acc, BN, BDK, DK, BDV, DV, IEEE, True)
+    else:          # the interpreter: a host-int bound (NT_HOST, enough tiles for any program), same split
+        for i in range(0, NT_HOST):
+            m_i, l_i, acc = _win_step(q, K, V, b, h, skb, skt, skh, svb, svt, svh, k0 + i * BN, t_abs, k_start, T_k,
+                                      window, scale2, m_i, l_i, acc, BN, BDK, DK, BDV, DV, IEEE,
+                                      (i < i_lo) | (i >= i_hi))
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(Out + b * sob + offs_t[:, None] * sot + heads[:, None] * soh + offs_dv[None, :],
              o.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))

@@ -35,9 +35,9 @@ class Tiles:
     cmp_stages: int | None = 3
     score_carry: bool = True      # carry block spill in registers when the tile ends on a block edge
     cmp_lse: bool = True          # prefill: one-pass output + log-sum-exp, then the scores kernel (scores.py)
-    lse_rows: int = 64            # one-pass kernel: (query, head) rows per program
-    lse_bc: int = 64              # one-pass kernel: compressed keys per tile
-    lse_warps: int = 4
+    lse_rows: int = 128           # one-pass kernel: (query, head) rows per program
+    lse_bc: int = 32              # one-pass kernel: compressed keys per tile
+    lse_warps: int = 8
     lse_stages: int | None = 3
     scr_bq: int = 64              # scores kernel: queries per program
     scr_bk: int = 64              # scores kernel: compressed keys per program (a multiple of 16 * l' / d)
@@ -62,7 +62,7 @@ class Tiles:
     topn_cap: int = 64            # "filter": most candidates compacted per row (more: that row takes arg-max rounds)
     topn_ctas: int = 256          # prefill top-n: programs per SM, each walking rows (its scratch: topn_cap ints)
     win_rows: int = 64            # sliding: (query, head) rows per program
-    win_bn: int = 64              # sliding: keys per tile
+    win_bn: int = 32              # sliding: keys per tile
     win_warps: int = 4
     win_stages: int | None = 3
     dec_fused: bool = True        # decode: the whole step in four launches (decode.py) where it applies
@@ -118,10 +118,13 @@ class Tiles:
         return opts
 
 
-# sm90: what bench/triton_tiles.py measured best on the H100 (cmp/sel tiles, warps, stages and the
-# decode split; results/h100/); the top-n and selection split knobs and every `win_*` were set by
-# reasoning, not swept. default: the same values, unswept elsewhere. cpu: Triton's interpreter is
-# slow per element, so the smallest tiles tl.dot takes keep CPU tests quick.
+# sm90: what bench/triton_tiles.py measured best on the H100 (cmp/sel tiles, warps, stages, the
+# decode split and step, the top-n algorithm and grid; results/h100/). `lse_*` and `win_*`: the one
+# setting that beat the earlier one at every swept shape (8k/16k/64k at 64/4 heads, 64k at 16/16
+# and 32/8; results/h100/topn-lse/), not each shape's best (128/128/8 lse tiles win at 64k, 64/4,
+# and lose at 8k); the selection split knobs were set by reasoning. default: the same values,
+# unswept elsewhere. cpu: Triton's interpreter is slow per element, so the smallest tiles tl.dot
+# takes keep CPU tests quick.
 PROFILES: dict[str, Tiles] = {
     "sm90": Tiles(),
     "default": Tiles(),
