@@ -40,6 +40,11 @@ from nsa.backends.triton_kernels.selection import _gate_sum
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 from nsa.backends.triton_kernels.topn import _row_scores, _select_row, sort_params
 
+try:   # programmatic dependent launch (sm90+): Triton's grid-dependency-control intrinsics
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:   # pragma: no cover - older Triton: the step runs without it (pdl_ok says so)
+    gdc_launch_dependents = gdc_wait = None
+
 WIN_BLOCK = 64   # window keys per program of kernel C
 
 
@@ -78,11 +83,13 @@ def _attend_block(q, Kb, Vb, skt, svt, kpos, valid, scale,
 def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis, scale,
              HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr,
              E: tl.constexpr, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
-             BDV: tl.constexpr, IEEE: tl.constexpr):
+             BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
     """Chunk `c` = compressed keys `[c*CH, (c+1)*CH)`, visible below `nvis`, for the G heads of one
     (sequence, KV group): (m, l) -> PML[part, 0/1, g], acc -> PACC[part, g], block-score partial
     of blocks `c*CH/R + i` -> PSC[part, g, i] and the spill into block `(c+1)*CH/R` -> PSP[part, g]
     (part = bh * chunks + c)."""
+    if PDL:
+        gdc_launch_dependents()    # kernel B may start its programs (they wait for this grid)
     c = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
@@ -135,10 +142,14 @@ def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constex
 def _dec_topn(PML, PSC, PSP, S, IDX, sib, sih, nch, NB, cur,
               NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, BG: tl.constexpr,
               NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
-              ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr):
+              ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
+              PDL: tl.constexpr):
     """Per (sequence, KV group): lse per head; group scores of blocks [0, NB) -> S[bh] (fp32):
     block `c*NBK + i` gets sum_h exp(m_c,h - lse_h) * PSC[c, h, i], plus chunk c-1's spill at
     i = 0; then their top N under the spec's rules -> IDX[b, 0, h, :]."""
+    if PDL:
+        gdc_launch_dependents()    # kernel C's window programs need nothing from here
+        gdc_wait()                 # kernel A's partials are complete and visible
     bh = tl.program_id(0)
     b = (bh // HKV).to(tl.int64)
     h = bh % HKV
@@ -179,10 +190,12 @@ def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, sqb, sqh, sksb, skst, sksh, s
                 skwb, skwt, skwh, svwb, svwt, svwh, sib, sih, t, len_sel, kw_start, scale,
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, N_SEL: tl.constexpr, NSPL: tl.constexpr,
                 SEL: tl.constexpr, WB: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr):
+                BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
     """Program p < NSPL: selected block slot p of IDX[b, 0, h] over the raw cache (positions
     `<= t`); p >= NSPL: window block `kw_start // WB + p - NSPL` of the window cache (positions
     `kw_start .. t`). Each writes its partial (m, l) -> PML[part], acc -> PACC[part]."""
+    if PDL:
+        gdc_launch_dependents()    # kernel D may start its programs (they wait for this grid)
     p = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
@@ -193,6 +206,8 @@ def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, sqb, sqh, sksb, skst, sksh, s
     q = tl.load(Q + b * sqb + (h * G + offs_g)[:, None] * sqh + offs_dk[None, :],
                 mask=(offs_g[:, None] < G) & (offs_dk[None, :] < DK), other=0.0)
     if p < NSPL:
+        if PDL:
+            gdc_wait()             # kernel B's block indices (and, through B's wait, A's partials)
         blk = tl.load(IDX + b * sib + h * sih + p, mask=p < N_SEL, other=-1)
         pos_s = blk * SEL + tl.arange(0, SEL)
         m, p_s, acc = _attend_block(q, KS + b * sksb + h * sksh, VS + b * svsb + h * svsh, skst, svst, pos_s,
@@ -233,9 +248,11 @@ def _merge_static(PML, PACC, first, offs_g, offs_v, N: tl.constexpr, NP: tl.cons
 def _dec_out(PML, PACC, BML, BACC, GT, Out, sgb, sgh, sgc, sob, soh, nch,
              NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr,
              NSPL: tl.constexpr, NWP: tl.constexpr, NPS: tl.constexpr, NPW: tl.constexpr, DV: tl.constexpr,
-             BDV: tl.constexpr, CB: tl.constexpr, DVC: tl.constexpr):
+             BDV: tl.constexpr, CB: tl.constexpr, DVC: tl.constexpr, PDL: tl.constexpr):
     """Per (sequence, KV group, DVC output columns): compressed, selected and window outputs from
     their partials, then `g_cmp * o_cmp + g_sel * o_sel + g_win * o_win` in fp32 -> Out[b, 0, heads]."""
+    if PDL:
+        gdc_wait()                 # kernel C's partials; A's through C's selected programs' wait
     bh = tl.program_id(0)
     b = (bh // HKV).to(tl.int64)
     h = bh % HKV
@@ -262,6 +279,14 @@ def _dec_out(PML, PACC, BML, BACC, GT, Out, sgb, sgh, sgc, sob, soh, nch,
     o = _gate_sum(o_cmp, o_sel, o_win, GT + b * sgb + heads * sgh, g_ok, sgc)
     tl.store(Out + b * sob + heads[:, None] * soh + offs_v[None, :], o.to(Out.dtype.element_ty),
              mask=g_ok[:, None] & (offs_v[None, :] < DV))
+
+
+def pdl_ok(device: torch.device) -> bool:
+    """Programmatic dependent launch can run here: a CUDA device of sm90 or later, Triton with its
+    intrinsics, and no interpreter (which has no grid-dependency control)."""
+    dev = torch.device(device)
+    return (gdc_wait is not None and dev.type == "cuda" and not interpreting()
+            and torch.cuda.get_device_capability(dev) >= (9, 0))
 
 
 def _geometry(block: int, stride: int, sel_block: int, chunk: int) -> tuple[int, int] | str:
@@ -310,6 +335,8 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     dev = q.device
     exact = q.dtype == torch.float32
     ch = tiles.dec_chunk
+    pdl = tiles.dec_pdl and pdl_ok(dev)
+    launch_pdl = {"launch_pdl": True} if pdl else {}   # B, C, D; A waits for the step's earlier kernels
     r, e = _geometry(block, stride, sel_block, ch)
     nbk = ch // r
     nvis = min(tc, max(0, (t + 1 - block) // stride + 1))
@@ -320,7 +347,7 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
         _dec_cmp[(nch, bh)](q, k_cmp, v_cmp, pml, pacc, psc, psp, q.stride(0), q.stride(2), k_cmp.stride(0),
                             k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2),
                             nvis, scale, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e, D=stride, DK=dk, DV=dv, BDK=bdk,
-                            BDV=bdv, IEEE=exact, **tiles.launch("dec"))
+                            BDV=bdv, IEEE=exact, PDL=pdl, **tiles.launch("dec"))
     nb, cur = t // sel_block + 1, t // sel_block
     sw = np2(nb)
     s = _scratch(bh * (sw + tiles.topn_cap), dev)
@@ -329,7 +356,8 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     loop = dict(NCH_HOST=nch if host else 0, DYN=not host)
     _dec_topn[(bh,)](pml, psc, psp, s, idx, idx.stride(0), idx.stride(2), nch, nb, cur, **loop, HKV=hkv, BG=bg,
                      NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count), CB=tiles.dec_cb,
-                     **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap), num_warps=tiles.dtop_warps)
+                     **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap), PDL=pdl, **launch_pdl,
+                     num_warps=tiles.dtop_warps)
     nwp = triton.cdiv(window, WIN_BLOCK) + 1        # blocks the window can touch (a fixed count: no recompiles)
     bml, bacc = _scratch(bh * (sel_count + nwp) * 2 * bg, dev), _scratch(bh * (sel_count + nwp) * bg * bdv, dev)
     _dec_blocks[(sel_count + nwp, bh)](
@@ -338,10 +366,10 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
         k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2), idx.stride(0), idx.stride(2), t,
         k_sel.shape[1], t + 1 - k_win.shape[1], scale,
         HKV=hkv, G=group, BG=bg, N_SEL=sel_count, NSPL=sel_count, SEL=sel_block, WB=WIN_BLOCK, DK=dk, DV=dv,
-        BDK=bdk, BDV=bdv, IEEE=exact, **tiles.launch("dblk"))
+        BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, **launch_pdl, **tiles.launch("dblk"))
     out = common.empty_out(b, 1, hq, dv, dtype=q.dtype, device=dev)
     _dec_out[(bh, bdv // dvc)](pml, pacc, bml, bacc, gates, out, gates.stride(0), gates.stride(2), gates.stride(3),
                                out.stride(0), out.stride(2), nch, **loop, HKV=hkv, G=group, BG=bg, NSPL=sel_count,
                                NWP=nwp, NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv, BDV=bdv, CB=tiles.dec_cb,
-                               DVC=dvc, num_warps=tiles.dout_warps)
+                               DVC=dvc, PDL=pdl, **launch_pdl, num_warps=tiles.dout_warps)
     return out, idx

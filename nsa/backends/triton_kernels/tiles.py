@@ -66,6 +66,7 @@ class Tiles:
     win_warps: int = 4
     win_stages: int | None = 3
     dec_fused: bool = True        # decode: the whole step in four launches (decode.py) where it applies
+    dec_pdl: bool = True          # decode.py: kernels B, C, D by programmatic dependent launch (sm90+)
     dec_chunk: int = 128          # decode.py kernel A: compressed keys per program (one tile; >= 16 blocks)
     dec_warps: int = 4
     dec_stages: int | None = None
@@ -85,7 +86,7 @@ class Tiles:
                 if value not in TOPN_ALGOS:
                     raise ValueError(f"Tiles.{f.name} must be one of {TOPN_ALGOS}, got {value!r}")
                 continue
-            if f.name in ("score_carry", "cmp_lse", "dec_fused"):
+            if f.name in ("score_carry", "cmp_lse", "dec_fused", "dec_pdl"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
