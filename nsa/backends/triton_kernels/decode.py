@@ -19,6 +19,11 @@ query per sequence (`q [B, 1, Hq, dk]` at position `t`) is:
     D  _dec_out     grid (B*Hkv, dv / 32): merges the compressed, selected and window partials
                     and forms the gated sum in fp32, written once in q's dtype.
 
+On sm90+ B, C and D go by programmatic dependent launch (`Tiles.dec_pdl`): each is launched
+while the one before still runs and waits (`griddepcontrol.wait`) before reading its partials;
+C's window programs need nothing from B and do not wait. A reads what the step's earlier torch
+kernels wrote, and those do not signal dependents, so A is launched normally.
+
 Partials are merged `Tiles.dec_cb` per vector load (a loop of dependent loads, one L2 round trip
 each, costs more than the bytes: an unrolled 2-D variant measured 2x slower in B and D).
 Scores are fp32 like the prefill kernels (docs/nsa.md, "Precision"): p relative to the chunk's
