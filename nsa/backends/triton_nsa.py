@@ -52,7 +52,7 @@ if triton is not None:
     from nsa.backends.triton_kernels import topn as _topn
 
 __all__ = ["PROFILES", "TILES", "Tiles", "compressed", "compressed_and_scores", "current_tiles", "decode_step",
-           "decode_unsupported_reason", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
+           "decode_unsupported_reason", "kernels_interpreted", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
            "unsupported_reason", "use_tiles"]
 
 # The H100 values as a read-only mapping, for readers of the old module-level table. Launches
@@ -65,9 +65,21 @@ def unavailable_reason(device: torch.device | str | None = None) -> str | None:
     if triton is None:
         return "triton is not installed (pip install triton)"
     dev = torch.device(device) if device is not None else None
-    if dev is not None and dev.type != "cuda" and not interpreting():
-        return f"the triton backend runs on CUDA tensors (or on CPU with TRITON_INTERPRET=1), got {dev}"
+    if dev is not None and dev.type != "cuda":
+        if not interpreting():
+            return f"the triton backend runs on CUDA tensors (or on CPU with TRITON_INTERPRET=1), got {dev}"
+        if not kernels_interpreted():
+            return ("TRITON_INTERPRET=1 was set after nsa's Triton kernels were defined, so they were compiled "
+                    f"for the GPU and cannot take {dev} tensors; set it before importing nsa")
     return None
+
+
+def kernels_interpreted() -> bool:
+    """The own kernels run under Triton's interpreter: Triton decides that when a kernel is defined
+    (TRITON_INTERPRET=1 at import of nsa's Triton modules), not per call."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(_topn._topn, InterpretedFunction)
 
 
 def _pow2(x: int) -> bool:

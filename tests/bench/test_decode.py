@@ -148,6 +148,7 @@ def test_dense_baseline_reads_the_whole_cache_beside_the_nsa_step(monkeypatch):
 def test_decode_attend_variants_are_the_attention_part_of_the_step(monkeypatch, nsa_backend):
     """o_proj of what an attend variant returns is the step's output on the same cache state, and
     repeated calls (as graph replays are) give the same output on an unchanged cache."""
+    _need_interpreted_kernels()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     made = []
     real = decode._module
@@ -194,6 +195,26 @@ def test_graph_cells_are_skipped_on_a_cpu_with_the_reason():
     assert all(c["status"] == "skipped" and "CUDA graph" in c["reason"] for c in cases)
 
 
+def _need_interpreted_kernels() -> None:
+    """CPU-tensor Triton cells need kernels defined under the interpreter (conftest sets it on a
+    machine without CUDA); on a CUDA machine they were compiled for the GPU at import."""
+    if not nsa.backends.triton_nsa.kernels_interpreted():
+        pytest.skip("nsa's Triton kernels were compiled for the GPU at import (TRITON_INTERPRET unset): "
+                    "CPU-tensor triton cells cannot run here")
+
+
+def test_cpu_triton_cells_are_skipped_when_the_kernels_were_compiled_for_the_gpu(monkeypatch):
+    """TRITON_INTERPRET=1 set after import (kernels compiled for the GPU): the triton cells say
+    why they cannot run instead of launching GPU code on CPU tensors."""
+    triton_nsa = nsa.backends.triton_nsa
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(triton_nsa, "kernels_interpreted", lambda: False)
+    assert "set it before importing nsa" in triton_nsa.unavailable_reason("cpu")
+    by = _by_variant(_run([_cell(S=100, nsa_backend="triton")]))
+    assert by["all"]["status"] == "skipped" and "before importing nsa" in by["all"]["reason"], by["all"]["reason"]
+    assert by["sdpa_flash"]["status"] == "ok"
+
+
 def test_triton_module_backend_without_the_interpreter_is_skipped(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     by = _by_variant(_run([_cell(S=100, nsa_backend="triton")]))
@@ -204,6 +225,7 @@ def test_triton_module_backend_without_the_interpreter_is_skipped(monkeypatch):
 
 
 def test_triton_module_backend_reads_match_the_spec(monkeypatch):
+    _need_interpreted_kernels()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     by = _by_variant(_run([_cell(S=100, nsa_backend="triton")]))
     assert all(c["status"] == "ok" for c in by.values() if c["op"] == "nsa_decode"), \
