@@ -10,14 +10,15 @@ query per sequence (`q [B, 1, Hq, dk]` at position `t`) is:
                     and its block-score partial: p = exp(logit - m) mapped to selection blocks per
                     head by the stride map of scores.py (own blocks, plus the one block spilled
                     into the next chunk).
-    B  _dec_topn    grid (B*Hkv): each head's lse from the chunks' (m, l); the group scores
-                    (Eq. 9-10) as sum over heads and chunks of exp(m_c - lse) * partial; then the
-                    top-n in the same program (topn.py's rule helpers).
+    B  _dec_topn    grid (B*Hkv): each head's lse from the chunks' (m, l), stored for D; the
+                    group scores (Eq. 9-10) as sum over heads and chunks of exp(m_c - lse) *
+                    partial; then the top-n in the same program (topn.py's `_select_row`).
     C  _dec_blocks  grid (selected + window programs, B*Hkv): raw-token blocks, all heads of the
                     group as rows: the selected blocks and the window's 64-token blocks, one
                     softmax partial each.
-    D  _dec_out     grid (B*Hkv, dv / 32): merges the compressed, selected and window partials
-                    and forms the gated sum in fp32, written once in q's dtype.
+    D  _dec_out     grid (B*Hkv, dv / dout_cols): merges the compressed (with B's statistics),
+                    selected and window partials and forms the gated sum in fp32, written once
+                    in q's dtype.
 
 On sm90+ B, C and D go by programmatic dependent launch (`Tiles.dec_pdl`): each is launched
 while the one before still runs and waits (`griddepcontrol.wait`) before reading its partials;
@@ -144,7 +145,7 @@ def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constex
 
 
 @triton.jit
-def _dec_topn(PML, PSC, PSP, S, IDX, sib, sih, nch, NB, cur,
+def _dec_topn(PML, PSC, PSP, S, IDX, LS, sib, sih, nch, NB, cur,
               NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, BG: tl.constexpr,
               NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
               ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
@@ -161,6 +162,8 @@ def _dec_topn(PML, PSC, PSP, S, IDX, sib, sih, nch, NB, cur,
     offs_g = tl.arange(0, BG)
     base = bh * nch
     m_run, l_run = _chunk_stats(PML, base, nch, offs_g, NCH_HOST, DYN, BG, CB)
+    tl.store(LS + bh * 2 * BG + offs_g, m_run)              # for kernel D's compressed merge
+    tl.store(LS + bh * 2 * BG + BG + offs_g, l_run)
     # exp(m - lse): lse = +inf for a row that sees nothing (and the padded heads), so 0 there.
     lse = tl.where(l_run == 0.0, float("inf"),
                    tl.where(m_run == float("-inf"), 0.0, m_run) + tl.log(tl.where(l_run == 0.0, 1.0, l_run)))
@@ -250,7 +253,7 @@ def _merge_static(PML, PACC, first, offs_g, offs_v, N: tl.constexpr, NP: tl.cons
 
 
 @triton.jit
-def _dec_out(PML, PACC, BML, BACC, GT, Out, sgb, sgh, sgc, sob, soh, nch,
+def _dec_out(PML, PACC, LS, BML, BACC, GT, Out, sgb, sgh, sgc, sob, soh, nch,
              NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr,
              NSPL: tl.constexpr, NWP: tl.constexpr, NPS: tl.constexpr, NPW: tl.constexpr, DV: tl.constexpr,
              BDV: tl.constexpr, CB: tl.constexpr, DVC: tl.constexpr, PDL: tl.constexpr):
@@ -264,7 +267,8 @@ def _dec_out(PML, PACC, BML, BACC, GT, Out, sgb, sgh, sgc, sob, soh, nch,
     offs_g = tl.arange(0, BG)
     offs_v = tl.program_id(1) * DVC + tl.arange(0, DVC)
     base = bh * nch
-    m_run, l_run = _chunk_stats(PML, base, nch, offs_g, NCH_HOST, DYN, BG, CB)
+    m_run = tl.load(LS + bh * 2 * BG + offs_g)               # kernel B's (max, sum) over the chunks
+    l_run = tl.load(LS + bh * 2 * BG + BG + offs_g)
     ms = tl.where(m_run == float("-inf"), 0.0, m_run)
     cc = tl.arange(0, CB)
     acc = tl.zeros([BG, DVC], tl.float32)
@@ -359,7 +363,8 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     idx = torch.empty(b, 1, hkv, sel_count, dtype=torch.int32, device=dev)
     host = interpreting()
     loop = dict(NCH_HOST=nch if host else 0, DYN=not host)
-    _dec_topn[(bh,)](pml, psc, psp, s, idx, idx.stride(0), idx.stride(2), nch, nb, cur, **loop, HKV=hkv, BG=bg,
+    ls = _scratch(bh * 2 * bg, dev)
+    _dec_topn[(bh,)](pml, psc, psp, s, idx, ls, idx.stride(0), idx.stride(2), nch, nb, cur, **loop, HKV=hkv, BG=bg,
                      NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count), CB=tiles.dec_cb,
                      **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap), PDL=pdl, **launch_pdl,
                      num_warps=tiles.dtop_warps)
@@ -373,7 +378,7 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
         HKV=hkv, G=group, BG=bg, N_SEL=sel_count, NSPL=sel_count, SEL=sel_block, WB=WIN_BLOCK, DK=dk, DV=dv,
         BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, **launch_pdl, **tiles.launch("dblk"))
     out = common.empty_out(b, 1, hq, dv, dtype=q.dtype, device=dev)
-    _dec_out[(bh, bdv // dvc)](pml, pacc, bml, bacc, gates, out, gates.stride(0), gates.stride(2), gates.stride(3),
+    _dec_out[(bh, bdv // dvc)](pml, pacc, ls, bml, bacc, gates, out, gates.stride(0), gates.stride(2), gates.stride(3),
                                out.stride(0), out.stride(2), nch, **loop, HKV=hkv, G=group, BG=bg, NSPL=sel_count,
                                NWP=nwp, NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv, BDV=bdv, CB=tiles.dec_cb,
                                DVC=dvc, PDL=pdl, **launch_pdl, num_warps=tiles.dout_warps)
