@@ -148,10 +148,10 @@ def _topn(S, IDX, SCR, ssb, sst, ssh, sib, sit, sih, NB, q_start, n_rows, iters,
           HKV: tl.constexpr, BH: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, BNB: tl.constexpr,
           BN: tl.constexpr, ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr,
           CAP: tl.constexpr, ITERS_HOST: tl.constexpr, DYN: tl.constexpr):
-    """Rows `pid, pid + P, ...` (`iters` of them at most) of the `n_rows = Tq * BH` rows of group scores (row `t * BH + bh`)
-    -> their `N` blocks: forced block 0, current and previous; then the highest scores among
-    candidates `j <= t // SEL`, ties to the lower index; ascending, -1 pad. `SCR[pid]`: this
-    program's `CAP` ints of compaction scratch (the filter)."""
+    """Rows `pid, pid + P, ...` (`iters` of them at most) of the `n_rows = Tq * BH` rows of group
+    scores (row `t * BH + bh`) -> their `N` blocks: forced block 0, current and previous; then the
+    highest scores among candidates `j <= t // SEL`, ties to the lower index; ascending, -1 pad.
+    `SCR[pid]`: this program's `CAP` ints of compaction scratch (the filter)."""
     pid = tl.program_id(0)
     scr = SCR + pid * CAP
     j = tl.arange(0, BNB)
@@ -166,9 +166,6 @@ def _topn(S, IDX, SCR, ssb, sst, ssh, sib, sit, sih, NB, q_start, n_rows, iters,
             row = S + b * ssb + t * sst + h * ssh
             s = _row_scores(row, j, NB, cur)
             _select_row(row, s, j, NB, cur, IDX + b * sib + t * sit + h * sih, scr, N, BN, ALGO, IB, K2, CW, CAP)
-
-
-
 
 
 def sort_params(width: int, sel_count: int, algo: str, cap: int) -> dict[str, int]:
@@ -195,7 +192,9 @@ def programs(device: torch.device, per_sm: int, rows: int) -> int:
 def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles: Tiles) -> Tensor:
     """Top-n block indices `[B, Tq, Hkv, sel_count]` (int32) from group scores `[B, Tq, Hkv, Nb]`:
     the rule of `nsa.selection.select_topn` (forced blocks, candidates `j <= t // l'`, ties to
-    the lower index, ascending, -1 padded), one program per row, no sort and no scratch."""
+    the lower index, ascending, -1 padded). Rows of many blocks: `Tiles.topn_ctas` programs per SM
+    walk the rows, each with `topn_cap` ints of scratch for the filter (`_select_row`); few rows
+    (decode's separate-op path): two stages over chunks of `topn_chunk` blocks."""
     b, tq, hkv, nb = scores.shape
     scores = scores if scores.stride(-1) == 1 else scores.contiguous()
     idx = torch.empty(b, tq, hkv, sel_count, dtype=torch.int32, device=scores.device)
@@ -219,8 +218,8 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
     scr = torch.empty(nprog, tiles.topn_cap, dtype=torch.int32, device=scores.device)
     iters, dyn = triton.cdiv(rows, nprog), not interpreting()
     _topn[(nprog,)](scores, idx, scr, scores.stride(0), scores.stride(1), scores.stride(2), idx.stride(0),
-                    idx.stride(1), idx.stride(2), nb, q_start, rows, iters, ITERS_HOST=0 if dyn else iters, DYN=dyn, HKV=hkv, BH=b * hkv, SEL=sel_block,
-                    N=sel_count, BNB=bnb, BN=np2(sel_count, 16),
+                    idx.stride(1), idx.stride(2), nb, q_start, rows, iters, ITERS_HOST=0 if dyn else iters,
+                    DYN=dyn, HKV=hkv, BH=b * hkv, SEL=sel_block, N=sel_count, BNB=bnb, BN=np2(sel_count, 16),
                     **sort_params(bnb, sel_count, tiles.topn_algo, tiles.topn_cap),
                     num_warps=tiles.topn_warps if bnb >= 1024 else 1)
     return idx
