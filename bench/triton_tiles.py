@@ -47,6 +47,7 @@ def _variants() -> dict[str, list[dict]]:
     path = [{"cmp_lse": True}, {"cmp_lse": False}]
     topn = [{"topn_algo": a, "topn_warps": w} for a, w in itertools.product(("filter", "argmax"), (1, 2))]
     topn += [{"topn_cap": c} for c in (32, 128)] + [{"topn_ctas": n} for n in (8, 16, 64, 128, 256, 1024)]
+    topn += [{"topn_nchunk": n, "topn_cap": c} for n, c in itertools.product((32, 64, 128), (64, 128))]
     # The fused decode step (decode.py), one knob at a time around the base profile.
     step = [{}, {"dec_fused": False}, {"dec_pdl": False}, {"dtop_algo": "argmax"}] + [{"dec_chunk": c} for c in (64, 256)] + [
         {"dtop_warps": w, "dec_cb": cb} for w, cb in itertools.product((2, 4, 8), (8, 16, 32))] + [

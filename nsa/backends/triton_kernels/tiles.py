@@ -60,6 +60,7 @@ class Tiles:
     topn_warps: int = 1           # prefill top-n, rows of >= 1024 blocks (shorter rows: one warp)
     topn_algo: str = "filter"     # prefill top-n rows: "argmax" or "filter" (both exact; topn._select_row)
     topn_cap: int = 64            # "filter": most candidates compacted per row (more: that row takes arg-max rounds)
+    topn_nchunk: int = 256        # "filter": chunk maxima per row (chunks of max(4, blocks / this) blocks)
     topn_ctas: int = 256          # prefill top-n: programs per SM, each walking rows (its scratch: topn_cap ints)
     win_rows: int = 64            # sliding: (query, head) rows per program
     win_bn: int = 32              # sliding: keys per tile
@@ -101,7 +102,7 @@ class Tiles:
                      "split_warps", "win_warps", "lse_rows", "lse_bc", "lse_warps",
                      "scr_bq", "scr_bk", "scr_warps", "selb_rows", "selb_warps", "topn_warps", "dec_chunk",
                      "dec_warps", "dtop_warps", "dout_warps", "dblk_warps",
-                     "dec_max_blocks", "dout_cols", "dec_cb", "topn_cap"):
+                     "dec_max_blocks", "dout_cols", "dec_cb", "topn_cap", "topn_nchunk"):
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two (tl.arange sizes, warps), got {value}")

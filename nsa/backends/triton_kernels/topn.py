@@ -168,11 +168,11 @@ def _topn(S, IDX, SCR, ssb, sst, ssh, sib, sit, sih, NB, q_start, n_rows, iters,
             _select_row(row, s, j, NB, cur, IDX + b * sib + t * sit + h * sih, scr, N, BN, ALGO, IB, K2, CW, CAP)
 
 
-def sort_params(width: int, sel_count: int, algo: str, cap: int) -> dict[str, int]:
+def sort_params(width: int, sel_count: int, algo: str, cap: int, nchunk: int) -> dict[str, int]:
     """`ALGO`, `IB` (index bits), `K2` (np2(n)), `CW`, `CAP` of `_select_row` for rows of `width`
-    (a power of two) blocks; rows too short for the filter (<= cap, or fewer than np2(n) chunks of
-    CW = max(4, width / 256)) take the arg-max rounds."""
-    n2, cw = np2(sel_count, 1), max(4, width // 256)
+    (a power of two) blocks: the filter's chunks hold CW = max(4, width / nchunk) blocks; rows too
+    short for it (<= cap blocks, or fewer than np2(n) chunks) take the arg-max rounds."""
+    n2, cw = np2(sel_count, 1), max(4, width // nchunk)
     use = algo == "filter" and width > cap and width // cw >= n2
     return {"ALGO": int(use), "IB": max(width.bit_length() - 1, 1), "K2": n2, "CW": cw, "CAP": cap}
 
@@ -220,6 +220,6 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
     _topn[(nprog,)](scores, idx, scr, scores.stride(0), scores.stride(1), scores.stride(2), idx.stride(0),
                     idx.stride(1), idx.stride(2), nb, q_start, rows, iters, ITERS_HOST=0 if dyn else iters,
                     DYN=dyn, HKV=hkv, BH=b * hkv, SEL=sel_block, N=sel_count, BNB=bnb, BN=np2(sel_count, 16),
-                    **sort_params(bnb, sel_count, tiles.topn_algo, tiles.topn_cap),
+                    **sort_params(bnb, sel_count, tiles.topn_algo, tiles.topn_cap, tiles.topn_nchunk),
                     num_warps=tiles.topn_warps if bnb >= 1024 else 1)
     return idx
