@@ -60,6 +60,7 @@ def test_use_tiles_scopes_an_override_and_nests():
     ({"topn_algo": "sort"}, r"topn_algo must be one of \('argmax', 'filter'\)"),
     ({"dtop_algo": None}, "dtop_algo must be one of"),
     ({"topn_cap": 24}, "topn_cap must be a power of two"),
+    ({"topn_nchunk": 100}, "topn_nchunk must be a power of two"),
     ({"topn_ctas": 0}, "topn_ctas must be an int >= 1"),
 ])
 def test_tiles_reject_values_the_kernels_cannot_take(changes, match):
