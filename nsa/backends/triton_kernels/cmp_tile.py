@@ -9,6 +9,36 @@ import triton.language as tl
 
 
 @triton.jit
+def _group_rows(Q, sqb, sqt, sqh, T, Tc, q_start,
+                HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BTQ: tl.constexpr, L: tl.constexpr,
+                D: tl.constexpr, DK: tl.constexpr, BDK: tl.constexpr):
+    """Rows of one prefill program of the group-centric compressed kernels (grid: query tiles,
+    latest first, x B*Hkv): the BTQ * GP rows are every (query, head) pair of the group. Returns
+    (pid_t, b, h, offs_t, row_ok, heads, nvis, max_vis, q): the query tile, the rows' queries,
+    validity and heads, each row's visible compressed count, the tile's largest (the last query's;
+    under the interpreter loops bound by a host int, the masks keep the result exact) and `q`."""
+    n_tiles = tl.cdiv(T, BTQ)
+    pid_t = n_tiles - 1 - tl.program_id(0)        # heaviest (latest) tiles first
+    bh = tl.program_id(1)
+    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
+    h = bh % HKV
+    rows = tl.arange(0, BTQ * GP)
+    offs_t = pid_t * BTQ + rows // GP
+    g = rows % GP
+    row_ok = (offs_t < T) & (g < G)
+    t_abs = q_start + offs_t
+    nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
+    nvis = tl.where(row_ok, tl.minimum(nvis, Tc), 0)
+    t_last = q_start + tl.minimum(pid_t * BTQ + BTQ, T) - 1
+    max_vis = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
+    offs_dk = tl.arange(0, BDK)
+    heads = h * G + g
+    q = tl.load(Q + b * sqb + offs_t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
+                mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    return pid_t, b, h, offs_t, row_ok, heads, nvis, max_vis, q
+
+
+@triton.jit
 def _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale,
                 BC: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, IEEE: tl.constexpr, masked):
     """Scaled Q·Kc logits of one compressed tile `[c0, c0 + BC)`; -inf where invisible (`masked`,

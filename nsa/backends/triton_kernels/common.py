@@ -1,10 +1,31 @@
-"""Host-side helpers shared by the kernel families: sizes, the output allocation."""
+"""Helpers shared by the kernel families: sizes, the output allocation, log2(e), and the
+online-softmax step of the kernels that work in log2 units."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
+import triton.language as tl
 from torch import Tensor
+
+LOG2E = math.log2(math.e)   # logits times scale * LOG2E are in log2 units: exp2 needs no multiply
+
+
+@triton.jit
+def _softmax_step(qk2, v, m_i, l_i, acc, IEEE: tl.constexpr):
+    """One key tile of the online softmax on logits `qk2` in log2 units (-inf where masked):
+    the new running max, sum and `acc * alpha + p @ v` (fp32; bf16/fp16 `p` on tensor cores)."""
+    m_new = tl.maximum(m_i, tl.max(qk2, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk2 - m_safe[:, None])
+    if IEEE:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + pv
 
 
 def pow2(x: int) -> bool:

@@ -17,8 +17,14 @@ from torch import Tensor
 
 from nsa.backends.triton_kernels import common
 from nsa.backends.triton_kernels import scores as _scr
-from nsa.backends.triton_kernels.cmp_tile import _carried_scores, _cmp_logits, _group_scores, _pv_tile
-from nsa.backends.triton_kernels.common import np2, pow2, unit_last_stride
+from nsa.backends.triton_kernels.cmp_tile import (
+    _carried_scores,
+    _cmp_logits,
+    _group_rows,
+    _group_scores,
+    _pv_tile,
+)
+from nsa.backends.triton_kernels.common import LOG2E, np2, pow2, unit_last_stride
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 
@@ -37,27 +43,10 @@ def _cmp_group(Q, KC, VC, Out, S,
     the Eq. 9-10 group scores: probabilities summed over heads, then mapped to selection
     blocks by overlap, written once per tile."""
     M: tl.constexpr = BTQ * GP
-    n_tiles = tl.cdiv(T, BTQ)
-    pid_t = n_tiles - 1 - tl.program_id(0)        # heaviest (latest) tiles first
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-    h = bh % HKV
-    rows = tl.arange(0, M)
-    offs_t = pid_t * BTQ + rows // GP
-    g = rows % GP
-    row_ok = (offs_t < T) & (g < G)
-    t_abs = q_start + offs_t
-    nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
-    nvis = tl.where(row_ok, tl.minimum(nvis, Tc), 0)
-    # Causal: the tile's last query sees the most compressed tokens, so the loops stop there.
-    # (Under the interpreter the bound must be a host int: TC_ALL; masks keep the result exact.)
-    t_last = q_start + tl.minimum(pid_t * BTQ + BTQ, T) - 1
-    max_vis = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
-    offs_dk = tl.arange(0, BDK)
+    # Causal: the tile's last query sees the most compressed tokens (max_vis): the loops stop there.
+    pid_t, b, h, offs_t, row_ok, heads, nvis, max_vis, q = _group_rows(Q, sqb, sqt, sqh, T, Tc, q_start, HKV, G,
+                                                                       GP, BTQ, L, D, DK, BDK)
     offs_dv = tl.arange(0, BDV)
-    heads = h * G + g
-    q = tl.load(Q + b * sqb + offs_t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
-                mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
     kc_base = b * skb + h * skh
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
@@ -305,7 +294,7 @@ def _compressed_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tenso
     _scr._cmp_lse[(triton.cdiv(tq, btq), b * hkv)](
         q, k_cmp, v_cmp, o, lse, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
         k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        lse.stride(0), lse.stride(1), tq, tc, q_start, scale,
+        lse.stride(0), lse.stride(1), tq, tc, q_start, scale * LOG2E,
         TC_ALL=tc if interpreting() else 0, HKV=hkv, G=group, GP=gp, BTQ=btq, L=block, D=stride, DK=dk, DV=dv,
         BC=tiles.lse_bc, BDK=np2(dk), BDV=np2(dv), IEEE=exact, DYN_LOOP=not interpreting(), **tiles.launch("lse"))
     if not scores:
@@ -315,7 +304,7 @@ def _compressed_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tenso
     _scr._cmp_scores[(triton.cdiv(tc, bk), triton.cdiv(tq, bq), b * hkv)](
         q, k_cmp, lse, s, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2),
         lse.stride(0), lse.stride(1), s.stride(0), s.stride(1), s.stride(2), tq, tc, s.shape[-1], q_start,
-        scale * _scr.LOG2E,
+        scale * LOG2E,
         HKV=hkv, G=group, L=block, D=stride, R=r, E=e, BQ=bq, BK=bk, DK=dk, BDK=np2(dk), IEEE=exact,
         **tiles.launch("scr"))
     return o, s

@@ -30,63 +30,38 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from nsa.backends.triton_kernels.cmp_tile import _cmp_logits
-
-LOG2E = 1.4426950408889634
+from nsa.backends.triton_kernels.cmp_tile import _cmp_logits, _group_rows
+from nsa.backends.triton_kernels.common import _softmax_step
 
 
 @triton.jit
-def _lse_step(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, scale2, m_i, l_i, acc,
+def _lse_step(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, qk_scale2, m_i, l_i, acc,
               BC: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, DV: tl.constexpr,
               IEEE: tl.constexpr, masked):
-    """One compressed tile of the online softmax, logits in log2 units (`scale2` = scale * log2 e);
+    """One compressed tile of the online softmax, logits in log2 units (`qk_scale2` = scale * log2 e);
     `masked` False: every row sees the whole tile."""
     offs_c = c0 + tl.arange(0, BC)
     offs_dv = tl.arange(0, BDV)
-    qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale2, BC, BDK, DK, IEEE, masked)
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(qk - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
+    qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, qk_scale2, BC, BDK, DK, IEEE, masked)
     vc = tl.load(VC + vc_base + offs_c[:, None] * svt + offs_dv[None, :],
                  mask=(offs_c[:, None] < Tc) & (offs_dv[None, :] < DV), other=0.0)
-    if IEEE:
-        pv = tl.dot(p, vc.to(tl.float32), input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(vc.dtype), vc)
-    return m_new, l_i, acc * alpha[:, None] + pv
+    return _softmax_step(qk, vc, m_i, l_i, acc, IEEE)
 
 
 @triton.jit
 def _cmp_lse(Q, KC, VC, Out, LSE,
              sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slh,
-             T, Tc, q_start, scale,
+             T, Tc, q_start, qk_scale2,
              TC_ALL: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
              BTQ: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
              DK: tl.constexpr, DV: tl.constexpr, BC: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
              IEEE: tl.constexpr, DYN_LOOP: tl.constexpr):
-    """Compressed attention, one online-softmax pass, + the rows' log-sum-exp."""
+    """Compressed attention, one online-softmax pass in log2 units (`qk_scale2` = scale * log2 e),
+    + the rows' log-sum-exp (natural log)."""
     M: tl.constexpr = BTQ * GP
-    n_tiles = tl.cdiv(T, BTQ)
-    pid_t = n_tiles - 1 - tl.program_id(0)        # heaviest (latest) tiles first
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-    h = bh % HKV
-    rows = tl.arange(0, M)
-    offs_t = pid_t * BTQ + rows // GP
-    g = rows % GP
-    row_ok = (offs_t < T) & (g < G)
-    t_abs = q_start + offs_t
-    nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
-    nvis = tl.where(row_ok, tl.minimum(nvis, Tc), 0)
-    t_last = q_start + tl.minimum(pid_t * BTQ + BTQ, T) - 1
-    max_vis = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
-    offs_dk = tl.arange(0, BDK)
+    pid_t, b, h, offs_t, row_ok, heads, nvis, max_vis, q = _group_rows(Q, sqb, sqt, sqh, T, Tc, q_start, HKV, G,
+                                                                       GP, BTQ, L, D, DK, BDK)
     offs_dv = tl.arange(0, BDV)
-    heads = h * G + g
-    q = tl.load(Q + b * sqb + offs_t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
-                mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
     kc_base = b * skb + h * skh
     vc_base = b * svb + h * svh
     m_i = tl.full([M], float("-inf"), tl.float32)
@@ -95,25 +70,24 @@ def _cmp_lse(Q, KC, VC, Out, LSE,
     # Every valid row sees at least the first query's tokens: tiles below that need no mask.
     t_first = q_start + pid_t * BTQ
     all_vis = tl.minimum(tl.where(t_first + 1 < L, 0, (t_first + 1 - L) // D + 1), Tc)
-    scale2 = scale * 1.4426950408889634                   # logits in log2 units: exp2, one multiply
     if DYN_LOOP:   # GPU: unmasked tiles, then the masked ones (a branch per tile fails to compile)
         full_end = (all_vis // BC) * BC
         for c0 in range(0, full_end, BC):
-            m_i, l_i, acc = _lse_step(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, scale2, m_i, l_i, acc,
+            m_i, l_i, acc = _lse_step(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, qk_scale2, m_i, l_i, acc,
                                       BC, BDK, DK, BDV, DV, IEEE, False)
         for c0 in range(full_end, max_vis, BC):
-            m_i, l_i, acc = _lse_step(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, scale2, m_i, l_i, acc,
+            m_i, l_i, acc = _lse_step(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, qk_scale2, m_i, l_i, acc,
                                       BC, BDK, DK, BDV, DV, IEEE, True)
     else:          # the interpreter: host-int bounds, the same split per tile
         for c0 in range(0, TC_ALL, BC):
-            m_i, l_i, acc = _lse_step(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, scale2, m_i, l_i, acc,
+            m_i, l_i, acc = _lse_step(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, qk_scale2, m_i, l_i, acc,
                                       BC, BDK, DK, BDV, DV, IEEE, c0 + BC > all_vis)
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     tl.store(Out + b * sob + offs_t[:, None] * sot + heads[:, None] * soh + offs_dv[None, :],
              o.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
     lse = tl.where(empty, float("inf"),
-                   tl.where(m_i == float("-inf"), 0.0, m_i) * 0.6931471805599453 + tl.log(tl.where(empty, 1.0, l_i)))
+                   tl.where(m_i == float("-inf"), 0.0, m_i) * 0.6931471805599453 + tl.log(tl.where(empty, 1.0, l_i)))  # ln 2
     tl.store(LSE + b * slb + heads * slh + offs_t, lse, mask=row_ok)
 
 

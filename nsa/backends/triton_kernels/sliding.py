@@ -17,15 +17,15 @@ import triton.language as tl
 from torch import Tensor
 
 from nsa.backends.triton_kernels import common, selection
-from nsa.backends.triton_kernels.common import np2, unit_last_stride
+from nsa.backends.triton_kernels.common import LOG2E, _softmax_step, np2, unit_last_stride
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 
 @triton.jit
-def _win_step(q, K, V, b, h, skb, skt, skh, svb, svt, svh, kt, t_abs, k_start, T_k, window, scale2, m_i, l_i, acc,
-              BN: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, DV: tl.constexpr,
+def _win_step(q, K, V, b, h, skb, skt, skh, svb, svt, svh, kt, t_abs, k_start, T_k, window, qk_scale2, m_i, l_i,
+              acc, BN: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, DV: tl.constexpr,
               IEEE: tl.constexpr, masked):
-    """Keys `[kt, kt + BN)` of the online softmax, logits in log2 units (`scale2` = scale * log2 e);
+    """Keys `[kt, kt + BN)` of the online softmax, logits in log2 units (`qk_scale2` = scale * log2 e);
     `masked` False: the tile lies inside every row's window and the given keys."""
     pos = kt + tl.arange(0, BN)
     offs_dk = tl.arange(0, BDK)
@@ -40,26 +40,17 @@ def _win_step(q, K, V, b, h, skb, skt, skh, svb, svt, svh, kt, t_abs, k_start, T
         qk = tl.dot(q, tl.trans(k))
     if masked:
         valid = in_k[None, :] & (pos[None, :] <= t_abs[:, None]) & (pos[None, :] > t_abs[:, None] - window)
-        qk = tl.where(valid, qk * scale2, float("-inf"))
+        qk = tl.where(valid, qk * qk_scale2, float("-inf"))
     else:
-        qk = qk * scale2
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(qk - m_safe[:, None])
-    alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
+        qk = qk * qk_scale2
     v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
                 mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0)
-    if IEEE:
-        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc * alpha[:, None] + pv
+    return _softmax_step(qk, v, m_i, l_i, acc, IEEE)
 
 
 @triton.jit
 def _win_fwd(Q, K, V, Out, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
-             T, T_k, q_start, k_start, window, scale,
+             T, T_k, q_start, k_start, window, qk_scale2,
              HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, BTQ: tl.constexpr, BN: tl.constexpr,
              DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr,
              DYN_LOOP: tl.constexpr, NT_HOST: tl.constexpr):
@@ -87,7 +78,6 @@ def _win_fwd(Q, K, V, Out, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot
     t_last = q_start + tl.minimum(pid_t * BTQ + BTQ, T) - 1
     k0 = (tl.maximum(tl.maximum(t_first - window + 1, k_start), 0) // BN) * BN
     lo_all = tl.maximum(t_last - window + 1, k_start)    # keys from here to t_first: in every row's window
-    scale2 = scale * 1.4426950408889634                   # logits in log2 units: exp2, one multiply
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, BDV], tl.float32)
@@ -98,17 +88,17 @@ def _win_fwd(Q, K, V, Out, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot
     if DYN_LOOP:   # GPU: masked head, unmasked middle, masked tail (a branch per tile fails to compile)
         for i in range(0, i_lo):
             m_i, l_i, acc = _win_step(q, K, V, b, h, skb, skt, skh, svb, svt, svh, k0 + i * BN, t_abs, k_start, T_k,
-                                      window, scale2, m_i, l_i, acc, BN, BDK, DK, BDV, DV, IEEE, True)
+                                      window, qk_scale2, m_i, l_i, acc, BN, BDK, DK, BDV, DV, IEEE, True)
         for i in range(i_lo, i_hi):
             m_i, l_i, acc = _win_step(q, K, V, b, h, skb, skt, skh, svb, svt, svh, k0 + i * BN, t_abs, k_start, T_k,
-                                      window, scale2, m_i, l_i, acc, BN, BDK, DK, BDV, DV, IEEE, False)
+                                      window, qk_scale2, m_i, l_i, acc, BN, BDK, DK, BDV, DV, IEEE, False)
         for i in range(i_hi, n_t):
             m_i, l_i, acc = _win_step(q, K, V, b, h, skb, skt, skh, svb, svt, svh, k0 + i * BN, t_abs, k_start, T_k,
-                                      window, scale2, m_i, l_i, acc, BN, BDK, DK, BDV, DV, IEEE, True)
+                                      window, qk_scale2, m_i, l_i, acc, BN, BDK, DK, BDV, DV, IEEE, True)
     else:          # the interpreter: a host-int bound (NT_HOST, enough tiles for any program), same split
         for i in range(0, NT_HOST):
             m_i, l_i, acc = _win_step(q, K, V, b, h, skb, skt, skh, svb, svt, svh, k0 + i * BN, t_abs, k_start, T_k,
-                                      window, scale2, m_i, l_i, acc, BN, BDK, DK, BDV, DV, IEEE,
+                                      window, qk_scale2, m_i, l_i, acc, BN, BDK, DK, BDV, DV, IEEE,
                                       (i < i_lo) | (i >= i_hi))
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(Out + b * sob + offs_t[:, None] * sot + heads[:, None] * soh + offs_dv[None, :],
@@ -135,7 +125,7 @@ def sliding(q: Tensor, k: Tensor, v: Tensor, *, window: int, scale: float, q_sta
     _win_fwd[(triton.cdiv(tq, btq), b * hkv)](
         q, k, v, o, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        tq, k.shape[1], q_start, k_start, window, scale,
+        tq, k.shape[1], q_start, k_start, window, scale * LOG2E,
         HKV=hkv, G=group, GP=gp, BTQ=btq, BN=bn, DK=dk, DV=dv, BDK=np2(dk), BDV=np2(dv),
         IEEE=q.dtype == torch.float32, DYN_LOOP=not interpreting(), NT_HOST=nt_host, **tiles.launch("win"))
     return o
