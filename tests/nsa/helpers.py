@@ -1,4 +1,5 @@
-"""Test helpers: random inputs (never zeros) and the error measure."""
+"""Test helpers: random inputs (never zeros), the error measure, and the near-tie check of two
+block selections."""
 
 from __future__ import annotations
 
@@ -22,3 +23,30 @@ def rel_err(out: Tensor, ref: Tensor) -> float:
     assert not torch.isnan(out).any(), "NaN in output"
     denom = ref.norm()
     return float((out - ref).norm() / denom) if denom > 0 else float((out - ref).norm())
+
+
+def fp64_group_scores(q_t: Tensor, k_cmp: Tensor, config, t: int) -> Tensor:
+    """The fp64 group scores `[B, Hkv, Nb]` (Eq. 9-10) of one query `q_t [B, 1, Hq, dk]` at position `t`."""
+    from nsa.selection import compressed_probs, overlap_weights
+
+    c = config
+    nb = t // c.sel_block + 1
+    p = compressed_probs(q_t.double().cpu(), k_cmp.double().cpu(), torch.tensor([t]), block=c.cmp_block,
+                         stride=c.cmp_stride, scale=c.softmax_scale)
+    w = overlap_weights(k_cmp.shape[1], nb, c.cmp_block, c.cmp_stride, c.sel_block, "cpu", torch.float64)
+    return (p @ w).view(q_t.shape[0], c.n_kv_heads, -1, nb).sum(2)
+
+
+def assert_near_tie_flip(score: Tensor, idx_a: Tensor, idx_b: Tensor, where: str) -> None:
+    """Two fp32 selections (different summation orders) cannot order blocks whose scores differ by
+    rounding: accept block sets `idx_a`, `idx_b` (`[B, 1, Hkv, n]`) that differ only where each
+    block in one and not the other has a partner in the difference whose fp64 score (`score
+    [B, Hkv, Nb]`) is within 1e-5 of the row's largest."""
+    for b in range(score.shape[0]):
+        for g in range(score.shape[1]):
+            a = {int(j) for j in idx_a[b, 0, g] if j >= 0}
+            d = {int(j) for j in idx_b[b, 0, g] if j >= 0}
+            for j1 in a ^ d:
+                gaps = [abs(float(score[b, g, j1] - score[b, g, j2])) for j2 in (a ^ d) - {j1}]
+                assert gaps and min(gaps) < 1e-5 * float(score[b, g].abs().max()), (
+                    f"{where}, b {b} group {g}: blocks {sorted(a)} vs {sorted(d)} differ by more than a near-tie")

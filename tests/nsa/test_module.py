@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nsa import NSAAttention, NSAConfig, decode_read_budget, reference
-from tests.nsa.helpers import rand, rel_err
+from tests.nsa.helpers import assert_near_tie_flip, fp64_group_scores, rand, rel_err
 
 SMALL = dict(dim=32, n_heads=4, n_kv_heads=2, head_dim_qk=16, head_dim_v=8, cmp_block=8, cmp_stride=4,
              sel_block=16, sel_count=4, window=20)
@@ -66,7 +66,6 @@ def _assert_near_tie_flip(m: NSAAttention, x: torch.Tensor, t: int, decode_block
     (a chunk of queries) may then pick different blocks. Accept a mismatch only if that happened
     (the block sets differ at t) and the score gap is at rounding level."""
     from nsa import ops
-    from nsa.selection import compressed_probs, overlap_weights
 
     c = m.config
     q, kv, _ = m.project(x)
@@ -74,19 +73,7 @@ def _assert_near_tie_flip(m: NSAAttention, x: torch.Tensor, t: int, decode_block
     idx = ops.select_blocks(q, kc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block,
                             sel_count=c.sel_count, scale=c.softmax_scale)[:, t:t + 1]
     assert not torch.equal(idx, decode_blocks), f"position {t}: decode differs from prefill with the same blocks"
-    p = compressed_probs(q[:, t:t + 1].double(), kc.double(), torch.tensor([t]), block=c.cmp_block,
-                         stride=c.cmp_stride, scale=c.softmax_scale)
-    nb = t // c.sel_block + 1
-    score = (p @ overlap_weights(kc.shape[1], nb, c.cmp_block, c.cmp_stride, c.sel_block, "cpu", torch.float64))
-    score = score.view(x.shape[0], c.n_kv_heads, -1, nb).sum(2)                     # [B, Hkv, Nb]
-    for b in range(x.shape[0]):
-        for g in range(c.n_kv_heads):
-            a = {int(j) for j in idx[b, 0, g] if j >= 0}
-            d = {int(j) for j in decode_blocks[b, 0, g] if j >= 0}
-            for j1 in a ^ d:
-                gaps = [abs(float(score[b, g, j1] - score[b, g, j2])) for j2 in (a ^ d) - {j1}]
-                assert gaps and min(gaps) < 1e-5 * float(score[b, g].abs().max()), (
-                    f"position {t}: blocks {sorted(a)} vs {sorted(d)} differ by more than a near-tie")
+    assert_near_tie_flip(fp64_group_scores(q[:, t:t + 1], kc, c, t), idx, decode_blocks, f"position {t}")
 
 
 def test_read_counters_match_spec(seed):
