@@ -31,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", type=int, default=64, help="query heads (prefill; default the paper's 64)")
     ap.add_argument("--kv-heads", type=int, default=4, help="KV heads (prefill; 16/16 is GQA 1, 32/8 GQA 4)")
     ap.add_argument("--json", help="write the medians (ms) here")
+    ap.add_argument("--kernels", action="store_true",
+                    help="prefill: only the whole forward's per-kernel device times (torch.profiler), no stages")
+    ap.add_argument("--zeroed-scores", action="store_true",
+                    help="with --kernels: the forward through compressed_and_scores + topn (zeroed scores, atomic "
+                         "key-tile edges) instead of compressed_select, for an A/B")
     ap.add_argument("--decode-batch", type=int, default=0,
                     help="instead: one decode step at t = T - 1 for this many sequences, each stage in a CUDA graph")
     args = ap.parse_args(argv)
@@ -71,6 +76,20 @@ def main(argv: list[str] | None = None) -> int:
                 return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                       is_causal=True, enable_gqa=True)
         return fn
+
+    if args.kernels and args.zeroed_scores:
+        def zeroed():
+            kc, vc = ops.compress_kv(k, v, block=32, stride=16)
+            o_cmp, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64,
+                                                             scale=128 ** -0.5)
+            idx = triton_nsa.topn(scores, 0, sel_block=64, sel_count=16)
+            o_win = ops.sliding_window_attention(q, k, v, window=512, backend="triton")
+            return triton_nsa.selected_gated(q, k, v, idx, sel_block=64, scale=128 ** -0.5, gates=gates,
+                                             o_cmp=o_cmp, o_win=o_win)
+        return _prefill_kernels(args, zeroed)
+    if args.kernels:
+        return _prefill_kernels(args, lambda: nsa_triton(q, {"cmp": (k, v), "sel": (k, v), "win": (k, v)}, gates,
+                                                         PARAMS, win_backend="triton"))
 
     two_pass = dataclasses.replace(triton_nsa.current_tiles(dev), cmp_lse=False)
 
@@ -201,6 +220,39 @@ def _separate_step(triton_nsa, q, gates, kc, vc, k, v, kw, vw, s0):
     out = triton_nsa.selected_gated(q, k, v, idx, sel_block=64, scale=128 ** -0.5, gates=gates, o_cmp=o_cmp,
                                     o_win=o_win, q_start=s0)
     return out, idx
+
+
+def _prefill_kernels(args, fn, iters: int = 10) -> int:
+    """Mean device time per forward of each kernel of the fast prefill (torch.profiler, no graphs)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        if ev.device_type.name == "CUDA" and ev.count:
+            out[ev.key[:60]] = getattr(ev, "device_time_total", getattr(ev, "cuda_time_total", 0.0)) / iters
+    out = dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    from bench.timing import Timer, measure
+
+    samples = measure({"forward": fn}, Timer(warmup_ms=50, rep_ms=300, min_rep=5, max_rep=50))["forward"]
+    print(f"T={args.T} heads {args.heads}/{args.kv_heads} ({torch.cuda.get_device_name()}): forward "
+          f"{statistics.median(samples):.3f} ms (CUDA events, median of {len(samples)}); per forward:")
+    for name, us in out.items():
+        print(f"  {name:60s} {us / 1000:9.3f} ms")
+    print(f"  {'sum':60s} {sum(out.values()) / 1000:9.3f} ms")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"T": args.T, "heads": args.heads, "kv_heads": args.kv_heads, "gpu": torch.cuda.get_device_name(),
+                       "forward_ms": statistics.median(samples), "forward_samples_ms": samples, "kernels_us": out},
+                      fh, indent=1)
+    return 0
 
 
 def _kernel_times(fn, replays: int = 50) -> dict[str, float]:

@@ -142,11 +142,14 @@ class NSAAttention(nn.Module):
         if plan.scores == "triton":
             from nsa.backends import triton_nsa
 
-            o_fused, scores = triton_nsa.compressed_and_scores(
-                q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, scale=c.softmax_scale,
-                q_start=q_start, scores="sel" in branches)
-            if scores is not None:
-                idx = triton_nsa.topn(scores, q_start, sel_block=c.sel_block, sel_count=c.sel_count)
+            if "sel" in branches:
+                o_fused, idx = triton_nsa.compressed_select(
+                    q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, sel_count=c.sel_count,
+                    scale=c.softmax_scale, q_start=q_start)
+            else:
+                o_fused, _ = triton_nsa.compressed_and_scores(
+                    q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, scale=c.softmax_scale,
+                    q_start=q_start, scores=False)
             if "cmp" in branches and plan.backend("cmp") == "triton":
                 o_cmp = o_fused
         elif "sel" in branches:

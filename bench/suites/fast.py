@@ -69,9 +69,8 @@ def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any], win_
 
     scale = q.shape[-1] ** -0.5
     kc, vc = ops.compress_kv(*kv["cmp"], block=p["block"], stride=p["stride"])
-    o_cmp, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=p["block"], stride=p["stride"],
-                                                     sel_block=p["sel_block"], scale=scale)
-    idx = triton_nsa.topn(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])
+    o_cmp, idx = triton_nsa.compressed_select(q, kc, vc, block=p["block"], stride=p["stride"],
+                                              sel_block=p["sel_block"], sel_count=p["sel_count"], scale=scale)
     win_backend = win_backend or default_win_backend(q, kv)
     o_win = ops.sliding_window_attention(q, *kv["win"], window=p["window"], backend=win_backend)
     # The selection kernel's epilogue forms the gated sum.
@@ -130,6 +129,5 @@ def _fast_idx(q, kv, p):
     from nsa.backends import triton_nsa
 
     kc, vc = ops.compress_kv(*kv["cmp"], block=p["block"], stride=p["stride"])
-    _, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=p["block"], stride=p["stride"],
-                                                 sel_block=p["sel_block"], scale=q.shape[-1] ** -0.5)
-    return triton_nsa.topn(scores, 0, sel_block=p["sel_block"], sel_count=p["sel_count"])
+    return triton_nsa.compressed_select(q, kc, vc, block=p["block"], stride=p["stride"], sel_block=p["sel_block"],
+                                        sel_count=p["sel_count"], scale=q.shape[-1] ** -0.5)[1]

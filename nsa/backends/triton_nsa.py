@@ -7,6 +7,7 @@ scores, top-n, sliding).
 
     sliding(call), compressed(call), selected(call)     the registry's ops, `AttnCall` in
     compressed_and_scores(q, k_cmp, v_cmp, ...)        compressed output + selection scores
+    compressed_select(q, k_cmp, v_cmp, ...)            compressed output + top-n blocks (scores kept internal)
     topn(scores, q_start, ...)                          block indices from scores
     selected_gated(q, k, v, idx, ...)                   selected attention + the gated sum
     sliding_decode(q, k_w, v_w, t=...)                  decode's window through the selection kernel
@@ -51,7 +52,7 @@ if triton is not None:
     from nsa.backends.triton_kernels import sliding as _win
     from nsa.backends.triton_kernels import topn as _topn
 
-__all__ = ["PROFILES", "TILES", "Tiles", "compressed", "compressed_and_scores", "current_tiles", "decode_step",
+__all__ = ["PROFILES", "TILES", "Tiles", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_step",
            "decode_unsupported_reason", "kernels_interpreted", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
            "unsupported_reason", "use_tiles"]
 
@@ -215,6 +216,24 @@ def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int
         _check_block("sel_block", sel_block)
     return _cmp.compressed_and_scores(q, k_cmp, v_cmp, block=block, stride=stride, sel_block=sel_block, scale=scale,
                                       q_start=q_start, scores=scores, tiles=_tiles(q, tiles))
+
+
+def compressed_select(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int, stride: int, sel_block: int,
+                      sel_count: int, scale: float, q_start: int = 0,
+                      tiles: Tiles | None = None) -> tuple[Tensor, Tensor]:
+    """Compressed-branch output `[B, Tq, Hq, dv]` and the top-n blocks `[B, Tq, Hkv, sel_count]`
+    (int32): the values of `compressed_and_scores` then `topn`, for callers that need the blocks,
+    not the scores. Prefill passes the scores to top-n without zeroing them or atomic adds at
+    key-tile edges (the same fp32 sums, so the same blocks)."""
+    _require()
+    _check_qkv(q, k_cmp, v_cmp, "q, k_cmp, v_cmp")
+    if block < 1 or stride < 1:
+        raise ValueError(f"block and stride must be >= 1, got {block}, {stride}; the paper uses 32, 16")
+    _check_block("sel_block", sel_block)
+    if sel_count < 1:
+        raise ValueError(f"sel_count must be >= 1, got {sel_count}; the paper uses 16")
+    return _cmp.compressed_select(q, k_cmp, v_cmp, block=block, stride=stride, sel_block=sel_block,
+                                  sel_count=sel_count, scale=scale, q_start=q_start, tiles=_tiles(q, tiles))
 
 
 def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles: Tiles | None = None) -> Tensor:

@@ -258,6 +258,39 @@ def test_triton_topn_algorithms_are_exact(case, algo, seed, tiles):
     assert torch.equal(ours.long(), want.long())
 
 
+@pytest.mark.parametrize("q_start", [0, 1, 37])
+def test_triton_compressed_select_is_scores_then_topn(q_start, seed, monkeypatch, tiles):
+    """compressed_select (scores left unzeroed, key-tile spills in a side buffer that top-n adds)
+    gives the blocks and output of compressed_and_scores + topn (zeroed scores, atomic edges),
+    bit for bit. 300 positions, compressed tokens of 8 every 4, blocks of 16: key tiles of 64
+    compressed tokens hold 16 blocks, so rows cross two tile edges. New fp32 tensors start as
+    NaN here, so a score top-n reads that no kernel wrote would show."""
+    from nsa.backends.triton_kernels import topn as triton_topn
+
+    tiles(topn_split_rows=0)
+    empty = torch.empty
+
+    def nan_empty(*a, **k):
+        out = empty(*a, **k)
+        return out.fill_(float("nan")) if out.dtype == torch.float32 else out
+
+    monkeypatch.setattr(triton_cmp.torch, "empty", nan_empty)
+    q_all, k, v = qkv(1, 300, 4, 2, 16, 16, device=DEV)
+    q = q_all[:, q_start:]
+    kc, vc = ops.compress_kv(k, v, block=8, stride=4)
+    kw = dict(block=8, stride=4, sel_block=16, scale=16 ** -0.5, q_start=q_start)
+    spills = []
+    real = triton_topn.topn
+    monkeypatch.setattr(triton_topn, "topn", lambda *a, **k: spills.append(k.get("spill")) or real(*a, **k))
+    o, idx = triton_nsa.compressed_select(q, kc, vc, sel_count=5, **kw)
+    assert len(spills) == 1 and spills[0] is not None and spills[0][1] == 16, "the spill path ran"
+    o_ref, scores = triton_nsa.compressed_and_scores(q, kc, vc, **kw)
+    idx_ref = triton_nsa.topn(scores, q_start, sel_block=16, sel_count=5)
+    assert torch.equal(o, o_ref)
+    assert torch.equal(idx, idx_ref)
+    assert (idx >= 3).any(), "rows pick free blocks, not only the forced ones"
+
+
 @pytest.mark.parametrize("shape", SHAPES[1:], ids=IDS[1:])
 def test_triton_split_decode_matches_prefill_rows(shape, seed, monkeypatch, tiles):
     """Decode splits the compressed keys over chunks (flash-decoding) when the queries fit one

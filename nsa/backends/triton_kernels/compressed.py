@@ -17,6 +17,7 @@ from torch import Tensor
 
 from nsa.backends.triton_kernels import common
 from nsa.backends.triton_kernels import scores as _scr
+from nsa.backends.triton_kernels import topn as _topn
 from nsa.backends.triton_kernels.cmp_tile import (
     _carried_scores,
     _cmp_logits,
@@ -221,12 +222,14 @@ def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int
     exact = q.dtype == torch.float32
     mode, shift = _score_layout(btq, bc, block, stride, sel_block, tiles.score_carry)
     chunk = bc * tiles.split_tiles
-    max_vis = min(tc, max(0, (q_start + tq - block) // stride + 1))
-    if tq <= btq and shift > 0 and (chunk * stride) % sel_block == 0 and max_vis > chunk:
+    route = _route(q, k_cmp, block=block, stride=stride, sel_block=sel_block, q_start=q_start, scores=scores,
+                   tiles=tiles)
+    if route == "split":
         return _compressed_split(q, k_cmp, v_cmp, o, s, block=block, stride=stride, sel_block=sel_block, scale=scale,
                                  q_start=q_start, scores=scores, btq=btq, gp=gp, bc=bc, mode=mode, shift=shift,
-                                 chunk=chunk, n_split=triton.cdiv(max_vis, chunk), tiles=tiles)
-    if tiles.cmp_lse and (not scores or _stride_map(block, stride, sel_block, tiles) is not None):
+                                 chunk=chunk, n_split=triton.cdiv(_max_vis(tc, tq, q_start, block, stride), chunk),
+                                 tiles=tiles)
+    if route == "lse":
         return _compressed_lse(q, k_cmp, v_cmp, o, s, block=block, stride=stride, sel_block=sel_block, scale=scale,
                                q_start=q_start, scores=scores, tiles=tiles)
     bnb = np2((bc * stride + block) // sel_block + 2, 16)
@@ -238,6 +241,59 @@ def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int
         DK=dk, DV=dv, BC=bc, BNB=bnb, BDK=np2(dk), BDV=np2(dv), SCORES=scores, SCORE_MODE=mode, SHIFT=shift,
         IEEE=exact, DYN_LOOP=not interpreting(), **tiles.launch("cmp"))
     return o, s if scores else None
+
+
+def _max_vis(tc: int, tq: int, q_start: int, block: int, stride: int) -> int:
+    """Compressed tokens the last query sees."""
+    return min(tc, max(0, (q_start + tq - block) // stride + 1))
+
+
+def _route(q: Tensor, k_cmp: Tensor, *, block: int, stride: int, sel_block: int, q_start: int, scores: bool,
+           tiles: Tiles) -> str:
+    """Which kernels `compressed_and_scores` runs (tc > 0): "split" (decode: few queries, the keys
+    split over chunks), "lse" (prefill: one-pass output + log-sum-exp, then the scores kernel) or
+    "group" (the two-pass group kernel: other block/stride sizes, or `Tiles.cmp_lse` off)."""
+    tq, tc = q.shape[1], k_cmp.shape[1]
+    btq, _, bc = _cmp_tiles(tq, q.shape[2] // k_cmp.shape[2], tiles)
+    _, shift = _score_layout(btq, bc, block, stride, sel_block, tiles.score_carry)
+    chunk = bc * tiles.split_tiles
+    if tq <= btq and shift > 0 and (chunk * stride) % sel_block == 0 and \
+            _max_vis(tc, tq, q_start, block, stride) > chunk:
+        return "split"
+    if tiles.cmp_lse and (not scores or _stride_map(block, stride, sel_block, tiles) is not None):
+        return "lse"
+    return "group"
+
+
+def compressed_select(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int, stride: int, sel_block: int,
+                      sel_count: int, scale: float, q_start: int, tiles: Tiles) -> tuple[Tensor, Tensor]:
+    """Compressed-branch output and the top-n blocks `[B, Tq, Hkv, sel_count]` (int32), the
+    values of `compressed_and_scores` then `topn.topn`. Prefill on the "lse" route with many rows
+    hands the scores to top-n without zeroing them or adding key-tile edges atomically: the
+    scores kernel writes each row's candidate blocks and a side buffer of key-tile spills
+    (`scores._cmp_scores`, SPILL), which top-n adds (`topn._row_scores`). The same fp32 sums,
+    so the same blocks; entries past a row's candidates are left undefined and never read."""
+    b, tq, hq, dk = q.shape
+    tc, hkv = k_cmp.shape[1], k_cmp.shape[2]
+    rows, nb = b * tq * hkv, (q_start + tq - 1) // sel_block + 1
+    if tq == 0 or tc == 0 or rows < tiles.topn_split_rows or \
+            _route(q, k_cmp, block=block, stride=stride, sel_block=sel_block, q_start=q_start, scores=True,
+                   tiles=tiles) != "lse" or \
+            tiles.scr_bk // _stride_map(block, stride, sel_block, tiles)[0] > np2(nb, 16):
+        o, s = compressed_and_scores(q, k_cmp, v_cmp, block=block, stride=stride, sel_block=sel_block, scale=scale,
+                                     q_start=q_start, scores=True, tiles=tiles)
+        return o, _topn.topn(s, q_start, sel_block=sel_block, sel_count=sel_count, tiles=tiles)
+    q, k_cmp, v_cmp = unit_last_stride(q, k_cmp, v_cmp)
+    o = common.empty_out(b, tq, hq, v_cmp.shape[-1], dtype=q.dtype, device=q.device)
+    r, _ = _stride_map(block, stride, sel_block, tiles)
+    nbk = tiles.scr_bk // r
+    s = torch.empty(b, tq, hkv, nb, dtype=torch.float32, device=q.device)
+    sp = torch.empty(b, tq, hkv, max(triton.cdiv(tc, tiles.scr_bk), triton.cdiv(nb, nbk)), dtype=torch.float32,
+                     device=q.device)
+    _compressed_lse(q, k_cmp, v_cmp, o, s, block=block, stride=stride, sel_block=sel_block, scale=scale,
+                    q_start=q_start, scores=True, tiles=tiles, spill=sp)
+    idx = _topn.topn(s, q_start, sel_block=sel_block, sel_count=sel_count, tiles=tiles, spill=(sp, nbk))
+    return o, idx
 
 
 def _compressed_split(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tensor, *, block: int, stride: int,
@@ -281,9 +337,10 @@ def _stride_map(block: int, stride: int, sel_block: int, tiles: Tiles) -> tuple[
 
 def _compressed_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tensor, *, block: int, stride: int,
                     sel_block: int, scale: float, q_start: int, scores: bool,
-                    tiles: Tiles) -> tuple[Tensor, Tensor | None]:
+                    tiles: Tiles, spill: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Prefill as two kernels (scores.py): output + log-sum-exp in one pass, then, with `scores`,
-    the group scores from the log-sum-exp over (key tile, query tile) programs."""
+    the group scores from the log-sum-exp over (key tile, query tile) programs (`spill`: the
+    scores kernel's SPILL mode, `s` not zeroed, key-tile spills into `spill [B, Tq, Hkv, tiles]`)."""
     b, tq, hq, dk = q.shape
     tc, hkv, dv = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[-1]
     group = hq // hkv
@@ -301,10 +358,11 @@ def _compressed_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tenso
         return o, None
     r, e = _stride_map(block, stride, sel_block, tiles)
     bq, bk = tiles.scr_bq, tiles.scr_bk
+    sp = spill if spill is not None else s
     _scr._cmp_scores[(triton.cdiv(tc, bk), triton.cdiv(tq, bq), b * hkv)](
-        q, k_cmp, lse, s, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2),
-        lse.stride(0), lse.stride(1), s.stride(0), s.stride(1), s.stride(2), tq, tc, s.shape[-1], q_start,
-        scale * LOG2E,
+        q, k_cmp, lse, s, sp, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
+        k_cmp.stride(2), lse.stride(0), lse.stride(1), s.stride(0), s.stride(1), s.stride(2), sp.stride(0),
+        sp.stride(1), sp.stride(2), tq, tc, s.shape[-1], q_start, scale * LOG2E,
         HKV=hkv, G=group, L=block, D=stride, R=r, E=e, BQ=bq, BK=bk, DK=dk, BDK=np2(dk), IEEE=exact,
-        **tiles.launch("scr"))
+        SPILL=spill is not None, **tiles.launch("scr"))
     return o, s

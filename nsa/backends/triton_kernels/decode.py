@@ -189,8 +189,8 @@ def _dec_topn(PML, PSC, PSP, S, IDX, LS, sib, sih, nch, NB, cur,
     jz = tl.arange(0, SW)
     tl.store(srow + jz, tl.zeros([SW], tl.float32), mask=jz >= (nch + 1) * NBK)   # past every chunk: 0
     tl.debug_barrier()
-    s = _row_scores(srow, jz, NB, cur)
-    _select_row(srow, s, jz, NB, cur, IDX + b * sib + h * sih, srow + SW, N, BN, ALGO, IB, K2, CW, CAP)
+    s = _row_scores(srow, srow, jz, NB, cur, 0)
+    _select_row(srow, srow, s, jz, NB, cur, IDX + b * sib + h * sih, srow + SW, N, BN, ALGO, IB, K2, CW, CAP, 0)
 
 
 @triton.jit

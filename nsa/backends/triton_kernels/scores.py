@@ -13,7 +13,10 @@ is a register add. Tiles wholly above the causal staircase return at once. The e
 the summed probabilities to selection blocks (Eq. 9) by the stride structure of the weights
 (below) and writes each `[BQ, BK / R]` block tile once; the two block columns a tile shares
 with its neighbours are atomic adds onto the zeroed scores, two addends each, so the result
-does not depend on the programs' order.
+does not depend on the programs' order. With SPILL (prefill straight into top-n:
+`compressed.compressed_select`) no zeroing and no atomics: the tile's spill into the next
+tile's first block goes to a side buffer that top-n adds (the same two addends, so the same
+fp32 sum).
 
 Block map, for `d | l`, `d | l'`, `E = l / d <= R = l' / d`, R a power of two: with segments of
 `d` tokens, compressed token `i` covers segments `i .. i+E-1` and block `j` segments
@@ -107,14 +110,19 @@ def _block_map(p, ROWS: tl.constexpr, NBK: tl.constexpr, R: tl.constexpr, E: tl.
 
 
 @triton.jit
-def _cmp_scores(Q, KC, LSE, S,
-                sqb, sqt, sqh, skb, skt, skh, slb, slh, ssb, sst, ssh,
+def _cmp_scores(Q, KC, LSE, S, SP,
+                sqb, sqt, sqh, skb, skt, skh, slb, slh, ssb, sst, ssh, spb, spt, sph,
                 T, Tc, NB, q_start, qk_scale2,
                 HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
                 E: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr, BDK: tl.constexpr,
-                IEEE: tl.constexpr):
+                IEEE: tl.constexpr, SPILL: tl.constexpr):
     """Group scores of one (key tile, query tile, group) from the rows' log-sum-exp (log2 units
-    come from `qk_scale2 = scale * log2(e)` and `lse * log2(e)`)."""
+    come from `qk_scale2 = scale * log2(e)` and `lse * log2(e)`). SPILL: S is not zeroed; every
+    block column of the tile is stored and the spill into the next tile's first block goes to
+    `SP[b, t, h, key tile]` (top-n adds it: `topn._row_scores`). Every block top-n reads is
+    written: a candidate `j <= t // l' - 2` that is not forced holds a token query t sees (its
+    first token ends at `l' j + l - 1 <= t` since `l <= l'`), so its tile, and the tile before,
+    run; the forced blocks' scores are never read."""
     pid_k = tl.program_id(0)
     pid_q = tl.program_id(1)
     bh = tl.program_id(2)
@@ -155,12 +163,16 @@ def _cmp_scores(Q, KC, LSE, S,
     jb = c0 // R
     offs_j = jb + i
     rows = S + b * ssb + offs_q[:, None].to(tl.int64) * sst + h * ssh
-    inner = q_ok[:, None] & (offs_j[None, :] < NB) & (i[None, :] > 0)
-    tl.store(rows + offs_j[None, :], tot, mask=inner)
-    # Column 0 also gets the previous tile's spill, and the last column spills into the next
-    # tile's first block: atomic adds, two per block, onto zeros (order-independent).
-    first = tl.sum(tl.where(i[None, :] == 0, tot, 0.0), 1)
     spill = tl.sum(tl.where(i[None, :] == NBK - 1, nxt, 0.0), 1)
-    edge = S + b * ssb + offs_q.to(tl.int64) * sst + h * ssh
-    tl.atomic_add(edge + jb, first, mask=q_ok & (jb < NB), sem="relaxed")
-    tl.atomic_add(edge + jb + NBK, spill, mask=q_ok & (jb + NBK < NB), sem="relaxed")
+    if SPILL:
+        tl.store(rows + offs_j[None, :], tot, mask=q_ok[:, None] & (offs_j[None, :] < NB))
+        tl.store(SP + b * spb + offs_q.to(tl.int64) * spt + h * sph + pid_k, spill, mask=q_ok & (jb + NBK < NB))
+    else:
+        inner = q_ok[:, None] & (offs_j[None, :] < NB) & (i[None, :] > 0)
+        tl.store(rows + offs_j[None, :], tot, mask=inner)
+        # Column 0 also gets the previous tile's spill, and the last column spills into the next
+        # tile's first block: atomic adds, two per block, onto zeros (order-independent).
+        first = tl.sum(tl.where(i[None, :] == 0, tot, 0.0), 1)
+        edge = S + b * ssb + offs_q.to(tl.int64) * sst + h * ssh
+        tl.atomic_add(edge + jb, first, mask=q_ok & (jb < NB), sem="relaxed")
+        tl.atomic_add(edge + jb + NBK, spill, mask=q_ok & (jb + NBK < NB), sem="relaxed")

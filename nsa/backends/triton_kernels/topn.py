@@ -14,15 +14,44 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from nsa.backends.triton_kernels.common import np2
+from nsa.backends.triton_kernels.common import np2, pow2
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 
 @triton.jit
-def _row_scores(row, j, NB, cur):
+def _row_scores(row, sprow, j, NB, cur, NBK: tl.constexpr):
     """Scores of blocks `j` of one row under the spec's rules: forced blocks (0, current `cur`,
-    previous) +inf, non-candidates (`j > cur`, or past the row) -inf."""
-    s = tl.load(row + j, mask=(j < NB) & (j <= cur), other=0.0)
+    previous) +inf, non-candidates (`j > cur`, or past the row) -inf. `NBK > 0`: the scores
+    kernel left each key tile's spill into the next tile's first block in `sprow`
+    (`scores._cmp_scores`, SPILL): block `k * NBK` adds `sprow[k - 1]`, the same two fp32 addends
+    the atomic path sums."""
+    ok = (j < NB) & (j <= cur)
+    s = tl.load(row + j, mask=ok, other=0.0)
+    if NBK > 0:
+        s += tl.load(sprow + (j // NBK - 1), mask=ok & (j % NBK == 0) & (j >= NBK), other=0.0)
+    return _rule(s, j, cur)
+
+
+@triton.jit
+def _full_row_scores(row, sprow, NB, cur, BNB: tl.constexpr, NBK: tl.constexpr):
+    """`_row_scores` of blocks `0 .. BNB - 1`; with the spill, the row is loaded as
+    `[BNB / NBK, NBK]` so the spills are one contiguous load added to column 0 (a gather per
+    block costs more than the row)."""
+    if NBK > 0:
+        c = tl.arange(0, BNB // NBK)
+        k = tl.arange(0, NBK)
+        j2 = c[:, None] * NBK + k[None, :]
+        s2 = tl.load(row + j2, mask=(j2 < NB) & (j2 <= cur), other=0.0)
+        spv = tl.load(sprow + (c - 1), mask=(c >= 1) & (c * NBK < NB) & (c * NBK <= cur), other=0.0)
+        s = tl.reshape(s2 + tl.where(k[None, :] == 0, spv[:, None], 0.0), [BNB])
+    else:
+        s = tl.load(row + tl.arange(0, BNB), mask=(tl.arange(0, BNB) < NB) & (tl.arange(0, BNB) <= cur), other=0.0)
+    return _rule(s, tl.arange(0, BNB), cur)
+
+
+@triton.jit
+def _rule(s, j, cur):
+    """Forced blocks (0, current `cur`, previous) +inf, non-candidates (`j > cur`) -inf."""
     s = tl.where((j == 0) | (j == cur) | (j == cur - 1), float("inf"), s)
     return tl.where(j <= cur, s, float("-inf"))
 
@@ -55,9 +84,9 @@ def _keys(s, j, IB: tl.constexpr):
 
 
 @triton.jit
-def _select_row(row, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.constexpr, ALGO: tl.constexpr,
-                IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr):
-    """The spec's top-`N` of one row (scores `s = _row_scores(row, j, ...)` at blocks `j`, the
+def _select_row(row, sprow, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.constexpr, ALGO: tl.constexpr,
+                IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr, NBK: tl.constexpr):
+    """The spec's top-`N` of one row (scores `s = _row_scores(row, sprow, j, ...)` at blocks `j`, the
     row's shape), written ascending to `out[0:N]`, -1 padded; exact (fp32 scores, ties to the
     lower index) in every `ALGO` (`sort_params` picks it and the sizes):
     0: `N` arg-max rounds over the row.
@@ -85,7 +114,7 @@ def _select_row(row, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.constexpr,
             c = tl.arange(0, CAP)
             jc = tl.load(sp + c, mask=c < count, other=2147483647)
             tl.debug_barrier()                      # every lane has read scr before it is reused
-            _write_blocks(out, jc, _take_top(_row_scores(row, jc, NB, cur), jc, N), N, BN)
+            _write_blocks(out, jc, _take_top(_row_scores(row, sprow, jc, NB, cur, NBK), jc, N), N, BN)
     else:
         _write_blocks(out, j, _take_top(s, j, N), N, BN)
 
@@ -112,7 +141,8 @@ def _topn_part(S, CS, CI, ssb, sst, ssh, NB, q_start, NP,
     h = bh % HKV
     cur = (q_start + t) // SEL
     j = part * CHK + tl.arange(0, CHK)
-    s = _row_scores(S + b * ssb + t * sst + h * ssh, j, NB, cur)
+    row = S + b * ssb + t * sst + h * ssh
+    s = _row_scores(row, row, j, NB, cur, 0)
     chosen = _take_top(s, j, N)
     slot = tl.cumsum(chosen.to(tl.int32), 0) - 1
     out = ((t * tl.num_programs(1) + bh) * NP + part) * N
@@ -144,14 +174,15 @@ def _topn_merge(CS, CI, IDX, sib, sit, sih, NC,
 
 
 @triton.jit
-def _topn(S, IDX, SCR, ssb, sst, ssh, sib, sit, sih, NB, q_start, n_rows, iters,
+def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_start, n_rows, iters,
           HKV: tl.constexpr, BH: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, BNB: tl.constexpr,
           BN: tl.constexpr, ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr,
-          CAP: tl.constexpr, ITERS_HOST: tl.constexpr, DYN: tl.constexpr):
+          CAP: tl.constexpr, NBK: tl.constexpr, ITERS_HOST: tl.constexpr, DYN: tl.constexpr):
     """Rows `pid, pid + P, ...` (`iters` of them at most) of the `n_rows = Tq * BH` rows of group
     scores (row `t * BH + bh`) -> their `N` blocks: forced block 0, current and previous; then the
     highest scores among candidates `j <= t // SEL`, ties to the lower index; ascending, -1 pad.
-    `SCR[pid]`: this program's `CAP` ints of compaction scratch (the filter)."""
+    `SCR[pid]`: this program's `CAP` ints of compaction scratch (the filter). `NBK > 0`: `SP`
+    holds the scores kernel's key-tile spills (`_row_scores`)."""
     pid = tl.program_id(0)
     scr = SCR + pid * CAP
     j = tl.arange(0, BNB)
@@ -164,8 +195,10 @@ def _topn(S, IDX, SCR, ssb, sst, ssh, sib, sit, sih, NB, q_start, n_rows, iters,
             h = bh % HKV
             cur = (q_start + t) // SEL
             row = S + b * ssb + t * sst + h * ssh
-            s = _row_scores(row, j, NB, cur)
-            _select_row(row, s, j, NB, cur, IDX + b * sib + t * sit + h * sih, scr, N, BN, ALGO, IB, K2, CW, CAP)
+            sprow = SP + b * spb + t * spt + h * sph
+            s = _full_row_scores(row, sprow, NB, cur, BNB, NBK)
+            _select_row(row, sprow, s, j, NB, cur, IDX + b * sib + t * sit + h * sih, scr, N, BN, ALGO, IB, K2, CW,
+                        CAP, NBK)
 
 
 def sort_params(width: int, sel_count: int, algo: str, cap: int, nchunk: int) -> dict[str, int]:
@@ -189,19 +222,22 @@ def programs(device: torch.device, per_sm: int, rows: int) -> int:
     return max(1, min(rows, total))
 
 
-def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles: Tiles) -> Tensor:
+def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles: Tiles,
+         spill: tuple[Tensor, int] | None = None) -> Tensor:
     """Top-n block indices `[B, Tq, Hkv, sel_count]` (int32) from group scores `[B, Tq, Hkv, Nb]`:
     the rule of `nsa.selection.select_topn` (forced blocks, candidates `j <= t // l'`, ties to
     the lower index, ascending, -1 padded). Rows of many blocks: `Tiles.topn_ctas` programs per SM
     walk the rows, each with `topn_cap` ints of scratch for the filter (`_select_row`); few rows
-    (decode's separate-op path): two stages over chunks of `topn_chunk` blocks."""
+    (decode's separate-op path): two stages over chunks of `topn_chunk` blocks. `spill = (sp,
+    nbk)`: scores from the scores kernel's spill mode (`compressed.compressed_select`): block
+    `k * nbk` adds `sp[b, t, h, k - 1]`, and only each row's candidates are defined."""
     b, tq, hkv, nb = scores.shape
     scores = scores if scores.stride(-1) == 1 else scores.contiguous()
     idx = torch.empty(b, tq, hkv, sel_count, dtype=torch.int32, device=scores.device)
     if tq == 0:
         return idx
     parts = triton.cdiv(nb, tiles.topn_chunk)
-    if b * tq * hkv < tiles.topn_split_rows and parts > 1:
+    if spill is None and b * tq * hkv < tiles.topn_split_rows and parts > 1:
         # Few rows (decode): split each row's blocks over chunks, then merge the candidates.
         chk, bn = tiles.topn_chunk, np2(sel_count, 16)
         cs = torch.empty(tq, b * hkv, parts, sel_count, dtype=torch.float32, device=scores.device)
@@ -212,14 +248,20 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
         _topn_merge[(tq, b * hkv)](cs, ci, idx, idx.stride(0), idx.stride(1), idx.stride(2), parts * sel_count,
                                    HKV=hkv, N=sel_count, BC=np2(parts * sel_count, 16), BN=bn, num_warps=4)
         return idx
+    sp, nbk = spill if spill is not None else (scores, 0)
     bnb = np2(nb, 16)
+    if nbk and (sp.dim() != 4 or sp.shape[:3] != scores.shape[:3] or sp.stride(-1) != 1 or not pow2(nbk)
+                or nbk > bnb or sp.shape[3] < triton.cdiv(nb, nbk) - 1):
+        raise ValueError(f"spill must be a [B, Tq, Hkv, >= Nb / nbk - 1] unit-stride buffer beside scores "
+                         f"{tuple(scores.shape)} with nbk a power of two <= {bnb}, got {tuple(sp.shape)}, nbk {nbk}")
     rows = b * tq * hkv
     nprog = programs(scores.device, tiles.topn_ctas, rows)
     scr = torch.empty(nprog, tiles.topn_cap, dtype=torch.int32, device=scores.device)
     iters, dyn = triton.cdiv(rows, nprog), not interpreting()
-    _topn[(nprog,)](scores, idx, scr, scores.stride(0), scores.stride(1), scores.stride(2), idx.stride(0),
-                    idx.stride(1), idx.stride(2), nb, q_start, rows, iters, ITERS_HOST=0 if dyn else iters,
-                    DYN=dyn, HKV=hkv, BH=b * hkv, SEL=sel_block, N=sel_count, BNB=bnb, BN=np2(sel_count, 16),
+    _topn[(nprog,)](scores, sp, idx, scr, scores.stride(0), scores.stride(1), scores.stride(2), sp.stride(0),
+                    sp.stride(1), sp.stride(2), idx.stride(0), idx.stride(1), idx.stride(2), nb, q_start, rows, iters,
+                    ITERS_HOST=0 if dyn else iters, DYN=dyn, HKV=hkv, BH=b * hkv, SEL=sel_block, N=sel_count,
+                    BNB=bnb, BN=np2(sel_count, 16), NBK=nbk,
                     **sort_params(bnb, sel_count, tiles.topn_algo, tiles.topn_cap, tiles.topn_nchunk),
                     num_warps=tiles.topn_warps if bnb >= 1024 else 1)
     return idx
