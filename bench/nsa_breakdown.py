@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the medians (ms) here")
     ap.add_argument("--kernels", action="store_true",
                     help="prefill: only the whole forward's per-kernel device times (torch.profiler), no stages")
+    ap.add_argument("--tile", action="append", default=[], metavar="NAME=VALUE",
+                    help="with --kernels: run with this Tiles field changed (repeatable), e.g. cmp_fa3=False")
     ap.add_argument("--zeroed-scores", action="store_true",
                     help="with --kernels: the forward through compressed_and_scores + topn (zeroed scores, atomic "
                          "key-tile edges) instead of compressed_select, for an A/B")
@@ -222,10 +224,40 @@ def _separate_step(triton_nsa, q, gates, kc, vc, k, v, kw, vw, s0):
     return out, idx
 
 
+def _tile_changes(pairs: list[str], base) -> dict:
+    """`--tile NAME=VALUE` pairs -> Tiles field changes, typed like the field's current value."""
+    out = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not hasattr(base, name):
+            raise SystemExit(f"--tile takes NAME=VALUE with NAME a Tiles field, got {pair!r}")
+        cur = getattr(base, name)
+        if isinstance(cur, bool):
+            if raw not in ("True", "False"):
+                raise SystemExit(f"--tile {name} takes True or False, got {raw!r}")
+            out[name] = raw == "True"
+        elif isinstance(cur, int) or cur is None:
+            out[name] = None if raw == "None" else int(raw)
+        else:
+            out[name] = raw
+    return out
+
+
 def _prefill_kernels(args, fn, iters: int = 10) -> int:
-    """Mean device time per forward of each kernel of the fast prefill (torch.profiler, no graphs)."""
+    """Mean device time per forward of each kernel of the fast prefill (torch.profiler, no graphs),
+    with `--tile` changes applied."""
+    from nsa.backends import triton_nsa
+
+    base = triton_nsa.current_tiles("cuda")
+    with triton_nsa.use_tiles(dataclasses.replace(base, **_tile_changes(args.tile, base))):
+        return _profile_forward(args, fn, iters)
+
+
+def _profile_forward(args, fn, iters: int) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
+
+    from bench.timing import Timer, measure
 
     for _ in range(3):
         fn()
@@ -239,8 +271,6 @@ def _prefill_kernels(args, fn, iters: int = 10) -> int:
         if ev.device_type.name == "CUDA" and ev.count:
             out[ev.key[:60]] = getattr(ev, "device_time_total", getattr(ev, "cuda_time_total", 0.0)) / iters
     out = dict(sorted(out.items(), key=lambda kv: -kv[1]))
-    from bench.timing import Timer, measure
-
     samples = measure({"forward": fn}, Timer(warmup_ms=50, rep_ms=300, min_rep=5, max_rep=50))["forward"]
     print(f"T={args.T} heads {args.heads}/{args.kv_heads} ({torch.cuda.get_device_name()}): forward "
           f"{statistics.median(samples):.3f} ms (CUDA events, median of {len(samples)}); per forward:")
@@ -250,8 +280,8 @@ def _prefill_kernels(args, fn, iters: int = 10) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"T": args.T, "heads": args.heads, "kv_heads": args.kv_heads, "gpu": torch.cuda.get_device_name(),
-                       "forward_ms": statistics.median(samples), "forward_samples_ms": samples, "kernels_us": out},
-                      fh, indent=1)
+                       "tiles_changed": args.tile, "forward_ms": statistics.median(samples),
+                       "forward_samples_ms": samples, "kernels_us": out}, fh, indent=1)
     return 0
 
 

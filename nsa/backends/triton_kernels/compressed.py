@@ -16,6 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from nsa.backends.triton_kernels import common
+from nsa.backends.triton_kernels import fa3_cmp as _fa3
 from nsa.backends.triton_kernels import scores as _scr
 from nsa.backends.triton_kernels import topn as _topn
 from nsa.backends.triton_kernels.cmp_tile import (
@@ -335,6 +336,23 @@ def _stride_map(block: int, stride: int, sel_block: int, tiles: Tiles) -> tuple[
     return r, e
 
 
+def _launch_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, lse: Tensor, *, block: int, stride: int,
+                scale: float, q_start: int, tiles: Tiles) -> None:
+    """`scores._cmp_lse` over queries `q` (positions `q_start ..`): `o` and `lse [B, Hq, Tq]`."""
+    b, tq, hq, dk = q.shape
+    tc, hkv, dv = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[-1]
+    group = hq // hkv
+    gp = triton.next_power_of_2(group)
+    btq = max(max(1, 16 // gp), min(max(1, tiles.lse_rows // gp), triton.next_power_of_2(tq)))
+    _scr._cmp_lse[(triton.cdiv(tq, btq), b * hkv)](
+        q, k_cmp, v_cmp, o, lse, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
+        k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        lse.stride(0), lse.stride(1), tq, tc, q_start, scale * LOG2E,
+        TC_ALL=tc if interpreting() else 0, HKV=hkv, G=group, GP=gp, BTQ=btq, L=block, D=stride, DK=dk, DV=dv,
+        BC=tiles.lse_bc, BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32, DYN_LOOP=not interpreting(),
+        **tiles.launch("lse"))
+
+
 def _compressed_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tensor, *, block: int, stride: int,
                     sel_block: int, scale: float, q_start: int, scores: bool,
                     tiles: Tiles, spill: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
@@ -342,18 +360,20 @@ def _compressed_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tenso
     the group scores from the log-sum-exp over (key tile, query tile) programs (`spill`: the
     scores kernel's SPILL mode, `s` not zeroed, key-tile spills into `spill [B, Tq, Hkv, tiles]`)."""
     b, tq, hq, dk = q.shape
-    tc, hkv, dv = k_cmp.shape[1], k_cmp.shape[2], v_cmp.shape[-1]
+    tc, hkv = k_cmp.shape[1], k_cmp.shape[2]
     group = hq // hkv
-    gp = triton.next_power_of_2(group)
-    btq = max(max(1, 16 // gp), min(max(1, tiles.lse_rows // gp), triton.next_power_of_2(tq)))
     lse = torch.empty(b, hq, tq, dtype=torch.float32, device=q.device)
     exact = q.dtype == torch.float32
-    _scr._cmp_lse[(triton.cdiv(tq, btq), b * hkv)](
-        q, k_cmp, v_cmp, o, lse, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
-        k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        lse.stride(0), lse.stride(1), tq, tc, q_start, scale * LOG2E,
-        TC_ALL=tc if interpreting() else 0, HKV=hkv, G=group, GP=gp, BTQ=btq, L=block, D=stride, DK=dk, DV=dv,
-        BC=tiles.lse_bc, BDK=np2(dk), BDV=np2(dv), IEEE=exact, DYN_LOOP=not interpreting(), **tiles.launch("lse"))
+
+    def one_pass(start: int) -> None:   # queries start.. of this call through _cmp_lse
+        _launch_lse(q[:, start:], k_cmp, v_cmp, o[:, start:], lse[:, :, start:], block=block, stride=stride,
+                    scale=scale, q_start=q_start + start, tiles=tiles)
+
+    if tiles.cmp_fa3 and group >= tiles.cmp_fa3_min_group and \
+            _fa3.usable(q, k_cmp, v_cmp, block=block, stride=stride, q_start=q_start):
+        _fa3.output_and_lse(q, k_cmp, v_cmp, o, lse, block=block, stride=stride, scale=scale, tail=one_pass)
+    else:
+        one_pass(0)
     if not scores:
         return o, None
     r, e = _stride_map(block, stride, sel_block, tiles)

@@ -1,0 +1,91 @@
+"""The compressed branch through FlashAttention-3 (nsa/backends/triton_kernels/fa3_cmp.py) on a CPU:
+the packing (queries of one compressed step as the heads of one query, the keys tiled per step
+offset) against the Triton one-pass kernel and the fp64 oracle, with a pure-torch double of the
+wheel's `_flash_attn_forward` installed. The real wheel runs in the GPU tests
+(tests/nsa/test_fa3_cmp.py on the device, bf16, dk 128)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+import torch
+
+from nsa import ops, reference
+from nsa.backends import triton_nsa
+from nsa.backends.triton_kernels import fa3_cmp
+from tests.bench import fa3_doubles
+from tests.nsa.helpers import qkv, rel_err
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(
+    triton_nsa.unavailable_reason(DEV) is not None,
+    reason=f"triton backend unavailable: {triton_nsa.unavailable_reason(DEV)} (CPU: TRITON_INTERPRET=1)")
+
+
+@pytest.fixture
+def fa3(monkeypatch):
+    """The wheel where it is installed (a CUDA machine with fa3-fwd), else the double on CPU
+    tensors; yields the double's call log (empty with the real wheel)."""
+    calls: list[dict] = []
+    if DEV == "cpu" or fa3_cmp.load() is None:
+        if DEV == "cuda":
+            pytest.skip("fa3-fwd is not installed on this CUDA machine")
+        monkeypatch.setitem(sys.modules, fa3_cmp.MODULE,
+                            fa3_doubles.fake_module(calls, dtypes=(torch.bfloat16, torch.float32)))
+        monkeypatch.setattr(fa3_cmp, "DEVICES", ("cuda", "cpu"))
+        monkeypatch.setattr(fa3_cmp, "DTYPES", (torch.bfloat16, torch.float32))
+    yield calls
+
+
+def _with_fa3(on: bool, min_group: int = 1):
+    base = triton_nsa.current_tiles(DEV)
+    return triton_nsa.use_tiles(dataclasses.replace(base, cmp_fa3=on, cmp_fa3_min_group=min_group))
+
+
+@pytest.mark.parametrize(("b", "t", "hq", "hkv", "d"), [(2, 77, 4, 2, 64), (1, 64, 8, 8, 64), (1, 90, 16, 1, 128)],
+                         ids=["B2-T77-G2-tail2", "B1-T64-G1-notail", "B1-T90-G16-tail3"])
+def test_fa3_compressed_output_and_scores(b, t, hq, hkv, d, seed, fa3):
+    """Output, log-sum-exp (through the scores) and the call FA-3 gets: one packed call of
+    `(T - l + 1) // d` steps of `d * Hq` heads over `d * Hkv` tiled key heads, causal, writing
+    into the output's own slice; the first l - 1 queries see nothing; a partial last step
+    (T77: 2 queries, T90: 3) goes to the Triton kernel."""
+    block, stride, sel = 8, 4, 16
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32   # the interpreter's bf16 dots are wrong
+    q, k, v = qkv(b, t, hq, hkv, d, d, dtype=dtype, device=DEV)
+    kc, vc = ops.compress_kv(k, v, block=block, stride=stride)
+    kw = dict(block=block, stride=stride, sel_block=sel, scale=d ** -0.5)
+    with _with_fa3(True):
+        o, s = triton_nsa.compressed_and_scores(q, kc, vc, **kw)
+    with _with_fa3(False):
+        o_ref, s_ref = triton_nsa.compressed_and_scores(q, kc, vc, **kw)
+    want = reference.compressed_attention(q.double(), kc.double(), vc.double(), block=block, stride=stride)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    assert rel_err(o, want) < tol and rel_err(o_ref, want) < tol
+    assert torch.equal(o[:, :block - 1], torch.zeros_like(o[:, :block - 1]))
+    assert torch.allclose(s, s_ref, rtol=2e-3 if dtype == torch.bfloat16 else 1e-5, atol=1e-6), \
+        float((s - s_ref).abs().max())
+    if fa3:   # the double's log
+        steps = (t - block + 1) // stride
+        assert [c["fn"] for c in fa3] == ["_flash_attn_forward"]
+        assert fa3[0]["q_shape"] == (b, steps, stride * hq, d) and fa3[0]["k_shape"] == (b, steps, stride * hkv, d)
+        assert fa3[0]["causal"] and fa3[0]["out_"]
+
+
+def test_fa3_compressed_not_used_where_it_cannot_run(seed, fa3):
+    """fp16, chunked prefill (q_start > 0), too few queries for one whole step, a GQA group below
+    `Tiles.cmp_fa3_min_group`, or the tile switched off: the Triton kernel alone."""
+    block, stride = 8, 4
+    q, k, v = qkv(1, 40, 4, 2, 64, 64, dtype=torch.bfloat16, device=DEV)
+    kc, vc = ops.compress_kv(k, v, block=block, stride=stride)
+    assert not fa3_cmp.usable(q.half(), kc.half(), vc.half(), block=block, stride=stride, q_start=0)
+    assert not fa3_cmp.usable(q[..., :48], kc[..., :48], vc, block=block, stride=stride, q_start=0)
+    assert not fa3_cmp.usable(q[:, 20:], kc, vc, block=block, stride=stride, q_start=20)
+    assert not fa3_cmp.usable(q[:, :10], kc, vc, block=block, stride=stride, q_start=0)
+    assert fa3_cmp.usable(q[:, :11], kc, vc, block=block, stride=stride, q_start=0)
+    x = (q, kc, vc) if DEV == "cuda" else (q.float(), kc.float(), vc.float())
+    for on, min_group in ((False, 1), (True, 4)):   # off; on, but G = 2 < 4
+        with _with_fa3(on, min_group):
+            triton_nsa.compressed_and_scores(*x, block=block, stride=stride, sel_block=16, scale=0.125)
+    assert not fa3
