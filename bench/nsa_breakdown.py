@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="prefill: only the whole forward's per-kernel device times (torch.profiler), no stages")
     ap.add_argument("--tile", action="append", default=[], metavar="NAME=VALUE",
                     help="with --kernels: run with this Tiles field changed (repeatable), e.g. cmp_fa3=False")
+    ap.add_argument("--trace", help="with --kernels: also write a Chrome trace (CPU and CUDA) of two forwards here")
     ap.add_argument("--zeroed-scores", action="store_true",
                     help="with --kernels: the forward through compressed_and_scores + topn (zeroed scores, atomic "
                          "key-tile edges) instead of compressed_select, for an A/B")
@@ -271,6 +272,12 @@ def _profile_forward(args, fn, iters: int) -> int:
         if ev.device_type.name == "CUDA" and ev.count:
             out[ev.key[:60]] = getattr(ev, "device_time_total", getattr(ev, "cuda_time_total", 0.0)) / iters
     out = dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    if args.trace:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tr:
+            for _ in range(2):
+                fn()
+            torch.cuda.synchronize()
+        tr.export_chrome_trace(args.trace)
     samples = measure({"forward": fn}, Timer(warmup_ms=50, rep_ms=300, min_rep=5, max_rep=50))["forward"]
     print(f"T={args.T} heads {args.heads}/{args.kv_heads} ({torch.cuda.get_device_name()}): forward "
           f"{statistics.median(samples):.3f} ms (CUDA events, median of {len(samples)}); per forward:")

@@ -73,6 +73,14 @@ def test_fa3_compressed_output_and_scores(b, t, hq, hkv, d, seed, fa3):
         assert fa3[0]["causal"] and fa3[0]["out_"]
 
 
+def test_fa3_only_on_hopper(monkeypatch):
+    """The wheel is built for sm90: an A100 (8, 0) or a Blackwell (10, 0) keeps the Triton pass."""
+    for cap, ok in (((9, 0), True), ((8, 0), False), ((10, 0), False)):
+        monkeypatch.setattr(fa3_cmp, "_capability", lambda device, cap=cap: cap)
+        assert fa3_cmp.hopper(torch.device("cuda", 0)) is ok
+    assert fa3_cmp.hopper(torch.device("cpu"))
+
+
 def test_fa3_compressed_not_used_where_it_cannot_run(seed, fa3):
     """fp16, chunked prefill (q_start > 0), too few queries for one whole step, a GQA group below
     `Tiles.cmp_fa3_min_group`, or the tile switched off: the Triton kernel alone."""
@@ -84,6 +92,8 @@ def test_fa3_compressed_not_used_where_it_cannot_run(seed, fa3):
     assert not fa3_cmp.usable(q[:, 20:], kc, vc, block=block, stride=stride, q_start=20)
     assert not fa3_cmp.usable(q[:, :10], kc, vc, block=block, stride=stride, q_start=0)
     assert fa3_cmp.usable(q[:, :11], kc, vc, block=block, stride=stride, q_start=0)
+    assert not fa3_cmp.usable(q.transpose(1, 2).contiguous().transpose(1, 2), kc, vc, block=block, stride=stride,
+                              q_start=0), "heads-major q: the packed view needs token-major rows"
     x = (q, kc, vc) if DEV == "cuda" else (q.float(), kc.float(), vc.float())
     for on, min_group in ((False, 1), (True, 4)):   # off; on, but G = 2 < 4
         with _with_fa3(on, min_group):

@@ -13,7 +13,7 @@ KV head `qh // (d*Hq / Hkv')`; with the compressed keys tiled d times along head
 `[B, d*Hq, U]` is re-ordered into `lse [B, Hq, T]`. Queries before `l - 1` see nothing (zero
 output, `lse = +inf`); the last `< d` queries, a partial step, go to the Triton kernel.
 
-Where it runs: CUDA, bf16 (the wheel's build), head dims it has, `q_start == 0` (prefill),
+Where it runs: CUDA on sm90, bf16 (the wheel's build), head dims it has, `q_start == 0` (prefill),
 `Tiles.cmp_fa3`, GQA groups of at least `Tiles.cmp_fa3_min_group` heads; else the caller runs
 its own kernel. Measured on the H100 (results/h100/fa3-cmp, whole forward at 64k): 64/4 heads
 38.5 -> 35.7 ms, 128k 113.7 -> 103.3 ms, 32/8 36.9 -> 36.5 ms, but 16/16 30.1 -> 30.8 ms: the
@@ -46,13 +46,24 @@ def load() -> ModuleType | None:
         return None
 
 
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def hopper(device: torch.device) -> bool:
+    """The wheel's kernels are built for sm90 (Hopper) only; other CUDA GPUs keep the Triton
+    kernel. Non-CUDA devices (the tests' double) pass."""
+    return device.type != "cuda" or _capability(device) == (9, 0)
+
+
 def usable(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int, stride: int, q_start: int) -> bool:
     """FA-3 can take this prefill's compressed branch (the module doc's conditions) and at least
     one whole step of `stride` queries exists."""
     tq, hq, dk = q.shape[1], q.shape[2], q.shape[3]
     return (q.device.type in DEVICES and q.dtype in DTYPES and (dk, v_cmp.shape[-1]) in _DIMS
             and q_start == 0 and block >= stride and (tq - (block - 1)) // stride >= 1
-            and q.stride(-1) == 1 and q.stride(2) == dk and q.stride(1) == hq * dk and load() is not None)
+            and q.stride(-1) == 1 and q.stride(2) == dk and q.stride(1) == hq * dk and hopper(q.device)
+            and load() is not None)
 
 
 def _forward_into(fa3: ModuleType, q: Tensor, k: Tensor, v: Tensor, out: Tensor, scale: float) -> tuple[Tensor, Tensor]:
