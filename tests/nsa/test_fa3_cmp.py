@@ -74,7 +74,7 @@ def test_fa3_compressed_output_and_scores(b, t, hq, hkv, d, seed, fa3):
 
 
 def test_fa3_only_on_hopper(monkeypatch):
-    """The wheel is built for sm90: an A100 (8, 0) or a Blackwell (10, 0) keeps the Triton pass."""
+    """Only sm90, where the trade was measured: an A100 (8, 0) or a Blackwell (10, 0) keeps the Triton pass."""
     for cap, ok in (((9, 0), True), ((8, 0), False), ((10, 0), False)):
         monkeypatch.setattr(fa3_cmp, "_capability", lambda device, cap=cap: cap)
         assert fa3_cmp.hopper(torch.device("cuda", 0)) is ok
