@@ -219,20 +219,22 @@ def test_triton_topn_matches_select_topn(q_start, mode, seed, tiles):
 
 
 @pytest.mark.parametrize("case", ["spread", "one-bucket", "bucket-at-edge", "bucket-inside", "signed",
-                                  "few-candidates"])
-@pytest.mark.parametrize("algo", ["filter", "argmax"])
+                                  "signed-zeros-on-top", "few-candidates"])
+@pytest.mark.parametrize("algo", ["filter", "filter-rounds", "argmax"])
 def test_triton_topn_algorithms_are_exact(case, algo, seed, tiles):
     """Each top-n algorithm of topn._select_row against the PyTorch rule on rows of 120 blocks
-    (n = 5, 7 index bits; bitonic: 16 candidates; filter: chunks of 4, at most 16 compacted):
+    (n = 5, 7 index bits; filter: chunks of 4, at most 16 compacted, then the exact rule over
+    them by int64 keys and one sort, or by n arg-max rounds ("filter-rounds")):
     scores spread out (the candidates decide); all in one truncation bucket (1.0 + k ulp,
     k < 2**7: the whole-row fallback decides, ties by index included); ~18 near-equal top scores
     in one bucket (across bitonic's 16th candidate, over filter's cap: fallback) or ~5 (inside:
-    the exact re-rank of the candidates decides); signed values with zeros of both signs; rows
+    the exact re-rank of the candidates decides); signed values with zeros of both signs (also
+    as the top n, where -0.0 and +0.0 must tie and the lower index win); rows
     with fewer candidates than 16 (filter: fewer than n chunks hold one). The persistent grid of
     the CPU profile (3 programs) walks many rows each."""
     from nsa.selection import select_topn
 
-    tiles(topn_algo=algo, topn_cap=16, topn_split_rows=0)
+    tiles(topn_algo=algo.split("-")[0], topn_cap=16, topn_split_rows=0, topn_sort64=algo == "filter")
     b, hkv, tq, sel_block, n, nb = 1, 2, 15, 4, 5, 120
     q_start = nb * sel_block - tq if case != "few-candidates" else 30     # ~118 candidates, or 8-12
     g = torch.Generator().manual_seed(seed)
@@ -245,8 +247,10 @@ def test_triton_topn_algorithms_are_exact(case, algo, seed, tiles):
         # ~18 near-equal top blocks per row (across the 16th candidate), or ~5 (inside the 16)
         near = torch.rand(b, tq, hkv, nb, generator=g) < (0.15 if case == "bucket-at-edge" else 0.04)
         scores[near] = 0.75 + torch.randint(0, 8, (int(near.sum()),), generator=g).float() * 2.0 ** -24
-    elif case == "signed":
+    elif case in ("signed", "signed-zeros-on-top"):
         scores = torch.randint(-4, 5, (b, tq, hkv, nb), generator=g).float() / 4
+        if case == "signed-zeros-on-top":   # ~13 zeros per row above negatives: the top n are zeros of both signs
+            scores = torch.where(scores > 0, -scores, scores)
         zero = scores == 0
         scores[zero] = torch.where(torch.rand(int(zero.sum()), generator=g) < 0.5, 0.0, -0.0)
     else:

@@ -84,14 +84,16 @@ def test_triton_decode_step_matches_oracle(shape, t, seed):
     assert rel_err(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("algo", ["filter", "argmax"])
+@pytest.mark.parametrize("algo", ["filter", "filter-rounds", "argmax"])
 @pytest.mark.parametrize("t", [299, 600])
 def test_triton_decode_topn_algorithms(algo, t, seed):
     """Kernel B's top-n by each algorithm of topn._select_row (the filter with a cap of 16, so a
-    row of 64 blocks compacts; its scratch follows the score row in the NaN-poisoned scratch)."""
+    row of 64 blocks compacts, then int64 keys and one sort or the arg-max rounds; its scratch
+    follows the score row in the NaN-poisoned scratch)."""
     base = triton_nsa.current_tiles(DEV)
     q, gates, caches, scale, ref, ref_idx = _step(SHAPES[0], t)
-    with triton_nsa.use_tiles(dataclasses.replace(base, dtop_algo=algo, topn_cap=16)):
+    with triton_nsa.use_tiles(dataclasses.replace(base, dtop_algo=algo.split("-")[0], topn_cap=16,
+                                                  topn_sort64=algo == "filter")):
         out, idx = triton_nsa.decode_step(q, gates, *caches, t=t, block=L, stride=D, sel_block=SEL, sel_count=N,
                                           window=W, scale=scale)
     assert torch.equal(idx.long().cpu(), ref_idx)

@@ -149,7 +149,7 @@ def _dec_topn(PML, PSC, PSP, S, IDX, LS, sib, sih, nch, NB, cur,
               NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, BG: tl.constexpr,
               NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
               ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
-              PDL: tl.constexpr):
+              SORT64: tl.constexpr, PDL: tl.constexpr):
     """Per (sequence, KV group): lse per head; group scores of blocks [0, NB) -> S[bh] (fp32):
     block `c*NBK + i` gets sum_h exp(m_c,h - lse_h) * PSC[c, h, i], plus chunk c-1's spill at
     i = 0; then their top N under the spec's rules -> IDX[b, 0, h, :]."""
@@ -190,7 +190,8 @@ def _dec_topn(PML, PSC, PSP, S, IDX, LS, sib, sih, nch, NB, cur,
     tl.store(srow + jz, tl.zeros([SW], tl.float32), mask=jz >= (nch + 1) * NBK)   # past every chunk: 0
     tl.debug_barrier()
     s = _row_scores(srow, srow, jz, NB, cur, 0)
-    _select_row(srow, srow, s, jz, NB, cur, IDX + b * sib + h * sih, srow + SW, N, BN, ALGO, IB, K2, CW, CAP, 0)
+    _select_row(srow, srow, s, jz, NB, cur, IDX + b * sib + h * sih, srow + SW, N, BN, ALGO, IB, K2, CW, CAP, 0,
+                SORT64)
 
 
 @triton.jit
@@ -366,7 +367,7 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     ls = _scratch(bh * 2 * bg, dev)
     _dec_topn[(bh,)](pml, psc, psp, s, idx, ls, idx.stride(0), idx.stride(2), nch, nb, cur, **loop, HKV=hkv, BG=bg,
                      NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count), CB=tiles.dec_cb,
-                     **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap, tiles.topn_nchunk),
+                     **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap, tiles.topn_nchunk, tiles.topn_sort64),
                      PDL=pdl, **launch_pdl,
                      num_warps=tiles.dtop_warps)
     nwp = triton.cdiv(window, WIN_BLOCK) + 1        # blocks the window can touch (a fixed count: no recompiles)

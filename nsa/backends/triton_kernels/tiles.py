@@ -63,6 +63,7 @@ class Tiles:
     topn_algo: str = "filter"     # prefill top-n rows: "argmax" or "filter" (both exact; topn._select_row)
     topn_cap: int = 64            # "filter": most candidates compacted per row (more: that row takes arg-max rounds)
     topn_nchunk: int = 256        # "filter": chunk maxima per row (chunks of max(4, blocks / this) blocks)
+    topn_sort64: bool = True      # "filter": the exact rule over the compacted blocks by int64 keys and one sort (topn.py)
     topn_ctas: int = 256          # prefill top-n: programs per SM, each walking rows (its scratch: topn_cap ints)
     win_rows: int = 64            # sliding: (query, head) rows per program
     win_bn: int = 32              # sliding: keys per tile
@@ -89,7 +90,7 @@ class Tiles:
                 if value not in TOPN_ALGOS:
                     raise ValueError(f"Tiles.{f.name} must be one of {TOPN_ALGOS}, got {value!r}")
                 continue
-            if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl"):
+            if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue

@@ -85,7 +85,8 @@ def _keys(s, j, IB: tl.constexpr):
 
 @triton.jit
 def _select_row(row, sprow, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.constexpr, ALGO: tl.constexpr,
-                IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr, NBK: tl.constexpr):
+                IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr, NBK: tl.constexpr,
+                SORT64: tl.constexpr):
     """The spec's top-`N` of one row (scores `s = _row_scores(row, sprow, j, ...)` at blocks `j`, the
     row's shape), written ascending to `out[0:N]`, -1 padded; exact (fp32 scores, ties to the
     lower index) in every `ALGO` (`sort_params` picks it and the sizes):
@@ -95,8 +96,8 @@ def _select_row(row, sprow, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.con
       (those maxima) have keys >= tau, and a block in a lower bucket than tau's has a lower score
       than each of them: it cannot be in the top `N`. The blocks in tau's bucket or above (>= N
       of them, a few more for spread scores) are compacted in block order into `scr[0:CAP]` and
-      the exact rule runs over them; more than `CAP` (many near-equal scores): the arg-max rounds
-      over the whole row."""
+      the exact rule runs over them (SORT64: `_top_by_keys64`, else `N` arg-max rounds); more
+      than `CAP` (many near-equal scores): the arg-max rounds over the whole row."""
     if ALGO == 1:
         key = _keys(s, j, IB)
         W: tl.constexpr = 1 << IB
@@ -114,9 +115,30 @@ def _select_row(row, sprow, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.con
             c = tl.arange(0, CAP)
             jc = tl.load(sp + c, mask=c < count, other=2147483647)
             tl.debug_barrier()                      # every lane has read scr before it is reused
-            _write_blocks(out, jc, _take_top(_row_scores(row, sprow, jc, NB, cur, NBK), jc, N), N, BN)
+            sc = _row_scores(row, sprow, jc, NB, cur, NBK)
+            if SORT64:
+                _write_blocks(out, jc, _top_by_keys64(sc, jc, N, K2), N, BN)
+            else:
+                _write_blocks(out, jc, _take_top(sc, jc, N), N, BN)
     else:
         _write_blocks(out, j, _take_top(s, j, N), N, BN)
+
+
+@triton.jit
+def _top_by_keys64(s, j, N: tl.constexpr, K2: tl.constexpr):
+    """The mask of the spec's top `N` of scores `s` at blocks `j` (< 2**31; -inf: not a
+    candidate): exact int64 keys (the score's 32 bits made monotone, -0.0 as +0.0, then the index
+    field `2**32 - 1 - j`, so the order is the rule's: higher score, then lower index), the
+    `N`-th largest key by one bitonic top-`K2` (`K2 = np2(N)`), and every candidate at or above
+    it. Fewer than N candidates: all of them. The same set `_take_top` picks, in a sorting
+    network instead of N dependent arg-max rounds."""
+    bits = tl.where(s == 0.0, 0.0, s).to(tl.int32, bitcast=True)
+    mono = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)
+    key = (mono << 32) | (4294967295 - j.to(tl.int64))
+    key = tl.where(s > float("-inf"), key, -9223372036854775807)
+    top = tl.topk(key, K2)
+    thr = tl.sum(tl.where(tl.arange(0, K2) == N - 1, top, 0), 0)
+    return (key >= thr) & (s > float("-inf"))
 
 
 @triton.jit
@@ -177,7 +199,8 @@ def _topn_merge(CS, CI, IDX, sib, sit, sih, NC,
 def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_start, n_rows, iters,
           HKV: tl.constexpr, BH: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, BNB: tl.constexpr,
           BN: tl.constexpr, ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr,
-          CAP: tl.constexpr, NBK: tl.constexpr, ITERS_HOST: tl.constexpr, DYN: tl.constexpr):
+          CAP: tl.constexpr, NBK: tl.constexpr, SORT64: tl.constexpr, ITERS_HOST: tl.constexpr,
+          DYN: tl.constexpr):
     """Rows `pid, pid + P, ...` (`iters` of them at most) of the `n_rows = Tq * BH` rows of group
     scores (row `t * BH + bh`) -> their `N` blocks: forced block 0, current and previous; then the
     highest scores among candidates `j <= t // SEL`, ties to the lower index; ascending, -1 pad.
@@ -198,16 +221,17 @@ def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_st
             sprow = SP + b * spb + t * spt + h * sph
             s = _full_row_scores(row, sprow, NB, cur, BNB, NBK)
             _select_row(row, sprow, s, j, NB, cur, IDX + b * sib + t * sit + h * sih, scr, N, BN, ALGO, IB, K2, CW,
-                        CAP, NBK)
+                        CAP, NBK, SORT64)
 
 
-def sort_params(width: int, sel_count: int, algo: str, cap: int, nchunk: int) -> dict[str, int]:
-    """`ALGO`, `IB` (index bits), `K2` (np2(n)), `CW`, `CAP` of `_select_row` for rows of `width`
-    (a power of two) blocks: the filter's chunks hold CW = max(4, width / nchunk) blocks; rows too
-    short for it (<= cap blocks, or fewer than np2(n) chunks) take the arg-max rounds."""
+def sort_params(width: int, sel_count: int, algo: str, cap: int, nchunk: int, sort64: bool) -> dict[str, int]:
+    """`ALGO`, `IB` (index bits), `K2` (np2(n)), `CW`, `CAP`, `SORT64` of `_select_row` for rows of
+    `width` (a power of two) blocks: the filter's chunks hold CW = max(4, width / nchunk) blocks;
+    rows too short for it (<= cap blocks, or fewer than np2(n) chunks) take the arg-max rounds."""
     n2, cw = np2(sel_count, 1), max(4, width // nchunk)
     use = algo == "filter" and width > cap and width // cw >= n2
-    return {"ALGO": int(use), "IB": max(width.bit_length() - 1, 1), "K2": n2, "CW": cw, "CAP": cap}
+    return {"ALGO": int(use), "IB": max(width.bit_length() - 1, 1), "K2": n2, "CW": cw, "CAP": cap,
+            "SORT64": int(sort64 and cap >= n2)}
 
 
 @functools.lru_cache(maxsize=16)
@@ -262,6 +286,6 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
                     sp.stride(1), sp.stride(2), idx.stride(0), idx.stride(1), idx.stride(2), nb, q_start, rows, iters,
                     ITERS_HOST=0 if dyn else iters, DYN=dyn, HKV=hkv, BH=b * hkv, SEL=sel_block, N=sel_count,
                     BNB=bnb, BN=np2(sel_count, 16), NBK=nbk,
-                    **sort_params(bnb, sel_count, tiles.topn_algo, tiles.topn_cap, tiles.topn_nchunk),
+                    **sort_params(bnb, sel_count, tiles.topn_algo, tiles.topn_cap, tiles.topn_nchunk, tiles.topn_sort64),
                     num_warps=tiles.topn_warps if bnb >= 1024 else 1)
     return idx
