@@ -50,7 +50,7 @@ def _variants() -> dict[str, list[dict]]:
     topn += [{"topn_cap": c} for c in (32, 128)] + [{"topn_ctas": n} for n in (8, 16, 64, 128, 256, 1024)]
     topn += [{"topn_nchunk": n, "topn_cap": c} for n, c in itertools.product((32, 64, 128), (64, 128))]
     # The fused decode step (decode.py), one knob at a time around the base profile.
-    step = [{}, {"dec_fused": False}, {"dec_pdl": False}, {"dtop_algo": "argmax"}, {"topn_sort64": False}] + [{"dec_chunk": c} for c in (64, 256)] + [
+    step = [{}, {"dec_fused": False}, {"dec_pdl": False}, {"dtop_algo": "argmax"}, {"dtop_sort64": False}] + [{"dec_chunk": c} for c in (64, 256)] + [
         {"dtop_warps": w, "dec_cb": cb} for w, cb in itertools.product((2, 4, 8), (8, 16, 32))] + [
         {"dout_warps": w, "dout_cols": c} for w, c in itertools.product((2, 4, 8), (16, 32, 64))] + [
         {"dblk_warps": w} for w in (1, 4)]

@@ -93,7 +93,7 @@ def test_triton_decode_topn_algorithms(algo, t, seed):
     base = triton_nsa.current_tiles(DEV)
     q, gates, caches, scale, ref, ref_idx = _step(SHAPES[0], t)
     with triton_nsa.use_tiles(dataclasses.replace(base, dtop_algo=algo.split("-")[0], topn_cap=16,
-                                                  topn_sort64=algo == "filter")):
+                                                  dtop_sort64=algo == "filter")):
         out, idx = triton_nsa.decode_step(q, gates, *caches, t=t, block=L, stride=D, sel_block=SEL, sel_count=N,
                                           window=W, scale=scale)
     assert torch.equal(idx.long().cpu(), ref_idx)

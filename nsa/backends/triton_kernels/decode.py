@@ -367,7 +367,7 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     ls = _scratch(bh * 2 * bg, dev)
     _dec_topn[(bh,)](pml, psc, psp, s, idx, ls, idx.stride(0), idx.stride(2), nch, nb, cur, **loop, HKV=hkv, BG=bg,
                      NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count), CB=tiles.dec_cb,
-                     **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap, tiles.topn_nchunk, tiles.topn_sort64),
+                     **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap, tiles.topn_nchunk, tiles.dtop_sort64),
                      PDL=pdl, **launch_pdl,
                      num_warps=tiles.dtop_warps)
     nwp = triton.cdiv(window, WIN_BLOCK) + 1        # blocks the window can touch (a fixed count: no recompiles)

@@ -63,7 +63,8 @@ class Tiles:
     topn_algo: str = "filter"     # prefill top-n rows: "argmax" or "filter" (both exact; topn._select_row)
     topn_cap: int = 64            # "filter": most candidates compacted per row (more: that row takes arg-max rounds)
     topn_nchunk: int = 256        # "filter": chunk maxima per row (chunks of max(4, blocks / this) blocks)
-    topn_sort64: bool = True      # "filter": the exact rule over the compacted blocks by int64 keys and one sort (topn.py)
+    topn_sort64: bool = False     # prefill "filter": the exact rule over the compacted blocks by int64 keys and one
+                                  # sort (topn.py); off: slower on the spill rows (64k: 2.11 against 1.85 ms at 64/4)
     topn_ctas: int = 256          # prefill top-n: programs per SM, each walking rows (its scratch: topn_cap ints)
     win_rows: int = 64            # sliding: (query, head) rows per program
     win_bn: int = 32              # sliding: keys per tile
@@ -76,6 +77,7 @@ class Tiles:
     dec_stages: int | None = None
     dtop_warps: int = 4           # decode.py kernel B (lse, scores, top-n)
     dtop_algo: str = "filter"     # decode.py kernel B: top-n as topn_algo (with topn_cap)
+    dtop_sort64: bool = True      # decode.py kernel B: as topn_sort64 (step at 64k, B=8: 71.0 -> 67.4 us)
     dout_warps: int = 4           # decode.py kernel D (merges, gated sum)
     dout_cols: int = 16           # decode.py kernel D: output columns per program (>= 16)
     dec_cb: int = 16              # decode.py kernels B and D: chunk partials per vector load
@@ -90,7 +92,8 @@ class Tiles:
                 if value not in TOPN_ALGOS:
                     raise ValueError(f"Tiles.{f.name} must be one of {TOPN_ALGOS}, got {value!r}")
                 continue
-            if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64"):
+            if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64",
+                          "dtop_sort64"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
