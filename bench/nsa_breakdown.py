@@ -267,11 +267,7 @@ def _profile_forward(args, fn, iters: int) -> int:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for ev in prof.key_averages():
-        if ev.device_type.name == "CUDA" and ev.count:
-            out[ev.key[:60]] = getattr(ev, "device_time_total", getattr(ev, "cuda_time_total", 0.0)) / iters
-    out = dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    out = _per_kernel_us(prof, iters)
     if args.trace:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tr:
             for _ in range(2):
@@ -308,10 +304,16 @@ def _kernel_times(fn, replays: int = 50) -> dict[str, float]:
         for _ in range(replays):
             graph.replay()
         torch.cuda.synchronize()
+    return _per_kernel_us(prof, replays)
+
+
+def _per_kernel_us(prof, calls: int) -> dict[str, float]:
+    """Device time per call of each CUDA kernel in a torch.profiler run of `calls` calls, us,
+    largest first (names as the profiler reports them, cut to 60 characters)."""
     out: dict[str, float] = {}
     for ev in prof.key_averages():
         if ev.device_type.name == "CUDA" and ev.count:
-            out[ev.key[:60]] = getattr(ev, "device_time_total", getattr(ev, "cuda_time_total", 0.0)) / replays
+            out[ev.key[:60]] = getattr(ev, "device_time_total", getattr(ev, "cuda_time_total", 0.0)) / calls
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 

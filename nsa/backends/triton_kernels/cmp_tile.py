@@ -7,6 +7,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from nsa.backends.triton_kernels.common import _dot, _pv
+
 
 @triton.jit
 def _group_rows(Q, sqb, sqt, sqh, T, Tc, q_start,
@@ -47,10 +49,7 @@ def _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale,
     offs_dk = tl.arange(0, BDK)
     kc = tl.load(KC + kc_base + offs_c[:, None] * skt + offs_dk[None, :],
                  mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
-    if IEEE:
-        qk = tl.dot(q, tl.trans(kc), input_precision="ieee")
-    else:
-        qk = tl.dot(q, tl.trans(kc))
+    qk = _dot(q, tl.trans(kc), IEEE)
     if masked:
         qk = tl.where(offs_c[None, :] < nvis[:, None], qk * scale, float("-inf"))
     else:
@@ -88,10 +87,7 @@ def _pv_tile(q, KC, VC, kc_base, vc_base, skt, svt, c0, nvis, Tc, scale, m_safe,
     offs_dv = tl.arange(0, BDV)
     vc = tl.load(VC + vc_base + offs_c[:, None] * svt + offs_dv[None, :],
                  mask=(offs_c[:, None] < Tc) & (offs_dv[None, :] < DV), other=0.0)
-    if IEEE:
-        acc += tl.dot(p, vc.to(tl.float32), input_precision="ieee")
-    else:
-        acc += tl.dot(p.to(vc.dtype), vc)
+    acc += _pv(p, vc, IEEE)
     return acc, p, offs_c
 
 

@@ -1,5 +1,6 @@
-"""Helpers shared by the kernel families: sizes, the output allocation, log2(e), and the
-online-softmax step of the kernels that work in log2 units."""
+"""Helpers shared by the kernel families: sizes, the output allocation, log2(e), the two products
+of attention under each input precision, and the online-softmax step of the kernels that work in
+log2 units."""
 
 from __future__ import annotations
 
@@ -14,6 +15,28 @@ LOG2E = math.log2(math.e)   # logits times scale * LOG2E are in log2 units: exp2
 
 
 @triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """`a @ b` accumulated in fp32: full-fp32 products for fp32 inputs (IEEE; the oracle tests'
+    exact path), tensor cores for bf16/fp16."""
+    if IEEE:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
+    return out
+
+
+@triton.jit
+def _pv(p, v, IEEE: tl.constexpr):
+    """`p @ v` for fp32 probabilities `p`: in fp32 with IEEE, else `p` rounded to `v`'s dtype on
+    tensor cores (fp32 accumulation)."""
+    if IEEE:
+        out = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(p.to(v.dtype), v)
+    return out
+
+
+@triton.jit
 def _softmax_step(qk2, v, m_i, l_i, acc, IEEE: tl.constexpr):
     """One key tile of the online softmax on logits `qk2` in log2 units (-inf where masked):
     the new running max, sum and `acc * alpha + p @ v` (fp32; bf16/fp16 `p` on tensor cores)."""
@@ -21,11 +44,7 @@ def _softmax_step(qk2, v, m_i, l_i, acc, IEEE: tl.constexpr):
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(qk2 - m_safe[:, None])
-    if IEEE:
-        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(v.dtype), v)
-    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + pv
+    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + _pv(p, v, IEEE)
 
 
 def pow2(x: int) -> bool:

@@ -40,7 +40,7 @@ import triton.language as tl
 from torch import Tensor
 
 from nsa.backends.triton_kernels import common
-from nsa.backends.triton_kernels.common import np2, pow2, unit_last_stride
+from nsa.backends.triton_kernels.common import _dot, _pv, np2, pow2, unit_last_stride
 from nsa.backends.triton_kernels.scores import _block_map
 from nsa.backends.triton_kernels.selection import _gate_sum
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
@@ -69,19 +69,13 @@ def _attend_block(q, Kb, Vb, skt, svt, kpos, valid, scale,
     offs_dv = tl.arange(0, BDV)
     k = tl.load(Kb + kpos[:, None].to(tl.int64) * skt + offs_dk[None, :],
                 mask=valid[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    if IEEE:
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        qk = tl.dot(q, tl.trans(k))
+    qk = _dot(q, tl.trans(k), IEEE)
     qk = tl.where(valid[None, :], qk * scale, float("-inf"))
     m = tl.max(qk, 1)
     p = tl.exp(qk - tl.where(m == float("-inf"), 0.0, m)[:, None])
     v = tl.load(Vb + kpos[:, None].to(tl.int64) * svt + offs_dv[None, :],
                 mask=valid[:, None] & (offs_dv[None, :] < DV), other=0.0)
-    if IEEE:
-        acc = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        acc = tl.dot(p.to(v.dtype), v)
+    acc = _pv(p, v, IEEE)
     return m, p, acc
 
 

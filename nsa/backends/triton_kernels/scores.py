@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from nsa.backends.triton_kernels.cmp_tile import _cmp_logits, _group_rows
-from nsa.backends.triton_kernels.common import _softmax_step
+from nsa.backends.triton_kernels.common import _dot, _softmax_step
 
 
 @triton.jit
@@ -150,10 +150,7 @@ def _cmp_scores(Q, KC, LSE, S, SP,
         head = h * G + g
         q = tl.load(q_rows + head * sqh, mask=q_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
         lse2 = tl.load(LSE + b * slb + head * slh + offs_q, mask=q_ok, other=float("inf")) * 1.4426950408889634
-        if IEEE:
-            s = tl.dot(q, kt, input_precision="ieee")
-        else:
-            s = tl.dot(q, kt)
+        s = _dot(q, kt, IEEE)
         acc += tl.exp2(s * qk_scale2 - lse2[:, None])
     # Invisible entries (and rows that see nothing: lse = +inf) leave the sum here, by select.
     acc = tl.where((offs_c[None, :] < nvis[:, None]) & q_ok[:, None], acc, 0.0)

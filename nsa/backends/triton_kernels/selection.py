@@ -14,7 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from nsa.backends.triton_kernels import common
-from nsa.backends.triton_kernels.common import np2, unit_last_stride
+from nsa.backends.triton_kernels.common import _dot, _pv, np2, unit_last_stride
 from nsa.backends.triton_kernels.tiles import Tiles
 
 
@@ -72,10 +72,7 @@ def _sel_fwd(Q, K, V, IDX, Out, OC, OW, GT, PART,
         kpos = pos - k_start
         k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
                     mask=valid[:, None] & (offs_dk[None, :] < DK), other=0.0)
-        if IEEE:
-            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            qk = tl.dot(q, tl.trans(k))
+        qk = _dot(q, tl.trans(k), IEEE)
         qk = tl.where(valid[None, :], qk * scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -84,10 +81,7 @@ def _sel_fwd(Q, K, V, IDX, Out, OC, OW, GT, PART,
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
                     mask=valid[:, None] & (offs_dv[None, :] < DV), other=0.0)
-        if IEEE:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
+        pv = _pv(p, v, IEEE)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     if SPLIT > 1:

@@ -25,7 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 from nsa.backends.triton_kernels import common
-from nsa.backends.triton_kernels.common import np2
+from nsa.backends.triton_kernels.common import _dot, _pv, np2
 from nsa.backends.triton_kernels.selection import _gated
 from nsa.backends.triton_kernels.tiles import Tiles
 
@@ -72,10 +72,7 @@ def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, PART,
     kpos = pos - k_start
     k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
                 mask=kvalid[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    if IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
+    s = _dot(q, tl.trans(k), IEEE)
     vis = kvalid[None, :] & (pos[None, :] <= (q_start + t)[:, None])
     s = tl.where(vis, s * scale, float("-inf"))
     m = tl.max(s, 1)
@@ -84,10 +81,7 @@ def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, PART,
     l_sum = tl.sum(pr, 1)
     v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
                 mask=kvalid[:, None] & (offs_dv[None, :] < DV), other=0.0)
-    if IEEE:
-        acc = tl.dot(pr, v.to(tl.float32), input_precision="ieee")
-    else:
-        acc = tl.dot(pr.to(v.dtype), v)
+    acc = _pv(pr, v, IEEE)
     o = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
     row = (e * G + g) * (DV + 2)
     tl.store(PART + row, m, mask=ok)

@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from nsa.backends.triton_kernels import common, selection
-from nsa.backends.triton_kernels.common import LOG2E, _softmax_step, np2, unit_last_stride
+from nsa.backends.triton_kernels.common import LOG2E, _dot, _softmax_step, np2, unit_last_stride
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 
@@ -34,10 +34,7 @@ def _win_step(q, K, V, b, h, skb, skt, skh, svb, svt, svh, kt, t_abs, k_start, T
     kpos = pos - k_start
     k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
                 mask=in_k[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    if IEEE:
-        qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        qk = tl.dot(q, tl.trans(k))
+    qk = _dot(q, tl.trans(k), IEEE)
     if masked:
         valid = in_k[None, :] & (pos[None, :] <= t_abs[:, None]) & (pos[None, :] > t_abs[:, None] - window)
         qk = tl.where(valid, qk * qk_scale2, float("-inf"))
