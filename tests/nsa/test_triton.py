@@ -189,6 +189,23 @@ def test_triton_bf16_paper_shapes_on_gpu(seed):
         assert torch.allclose(sc.double(), ref_s, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.skipif(DEV != "cuda", reason="bf16 tensor-core path needs CUDA")
+@pytest.mark.gpu
+@pytest.mark.parametrize("part_fp32", [False, True], ids=["bf16-partials", "fp32-partials"])
+def test_triton_block_centric_bf16_on_gpu(part_fp32, seed, tiles):
+    """bf16, paper block sizes, GQA 1 and 4 through the block-centric kernel, partial outputs
+    rounded to bf16 (the default) or kept in fp32: within 2x SDPA's error of the fp64 oracle."""
+    tiles(selb_max_group=4, selb_min_rows=0, selb_part_fp32=part_fp32)
+    for hq, hkv in ((16, 16), (16, 4)):
+        q, k, v = qkv(1, 1000, hq, hkv, 128, 128, dtype=torch.bfloat16, device=DEV)
+        kc, _ = ops.compress_kv(k, v, block=32, stride=16)
+        idx = ops.select_blocks(q, kc, block=32, stride=16, sel_block=64, sel_count=16)
+        ref = reference.selected_attention(q, k, v, idx, sel_block=64)
+        ours = ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton")
+        base = ops.selected_attention(q, k, v, idx, sel_block=64, backend="sdpa")
+        assert rel_err(ours, ref) <= 2 * rel_err(base, ref) + 1e-6, (hq, hkv)
+
+
 def test_interpreter_flag_is_what_cpu_runs_use():
     if DEV == "cpu":
         assert os.environ.get("TRITON_INTERPRET") == "1"

@@ -6,15 +6,23 @@ gathers (at G = 1, 64k tokens, 16 KV heads: ~550 GB from L2). Here the selection
 for each (batch, KV head, key block) the list of (query, slot) entries that selected it; one
 program takes a chunk of one list, loads that key block once, and attends the chunk's
 queries x heads to it (rows = entries x heads, causal mask per row), writing each row's
-partial softmax state `(m, l, acc / l)` to a buffer indexed by the entry. A combine kernel then
-merges the `n` partials of each (query, group), in slot order, and applies the gated sum.
+partial (its output over the block, normalised, and its log-sum-exp) to buffers indexed by the
+entry. A combine kernel then merges the `n` partials of each (query, group), in slot order, and
+applies the gated sum.
 
 Inversion: a stable sort of the entries by (batch, KV head, block), the lists' starts, and a
 chunk table; programs find their list by a binary search over the chunk table, so the launch
 needs no host synchronisation (the grid is an upper bound; spare programs return).
 
-Memory: the partial buffer is `B * T * Hkv * n * G * (dv + 2)` fp32, which is why this path is
-for small groups (at G = 16 it would write more than the gathers it saves).
+Memory: the partials are `B * T * Hkv * n * G` rows of `dv` outputs in the input dtype
+(`Tiles.selb_part_fp32`: fp32) and one fp32 log-sum-exp each, which is why this path is for
+small groups (at G = 16 it would write more than the gathers it saves). The outputs in a
+contiguous `[rows, dv]` buffer apart from the log-sum-exps keep the stores and the combine's
+loads aligned (one `(m, l, o)` row of `dv + 2` floats left every `o` 8 bytes off a 16-byte
+vector). Precision: a bf16/fp16 partial is its normalised output rounded once to the input
+dtype (relative 2**-9 for bf16) before the fp32 merge, so the branch output carries at most
+one rounding more than the group-centric kernel's; fp32 inputs keep fp32 partials (docs/nsa.md,
+"Precision").
 """
 
 from __future__ import annotations
@@ -31,13 +39,15 @@ from nsa.backends.triton_kernels.tiles import Tiles
 
 
 @triton.jit
-def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, PART,
+def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, OP, LSEP,
               sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
               Tq, T_k, q_start, k_start, scale, NL, NBK,
               HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
               DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
               LOG: tl.constexpr, IEEE: tl.constexpr):
-    """One chunk of BQ entries of one (batch, KV head, block) list -> partial (m, l, o) rows."""
+    """One chunk of BQ entries of one (batch, KV head, block) list -> each row's partial: its
+    output over the block, normalised, at `OP[row]` (the partials' dtype) and its log-sum-exp
+    (natural log, -inf where the row sees no key of the block) at `LSEP[row]`, row = entry * G + head."""
     p = tl.program_id(0)
     if p >= tl.load(CSTART + NL):
         return
@@ -82,19 +92,20 @@ def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, PART,
     v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
                 mask=kvalid[:, None] & (offs_dv[None, :] < DV), other=0.0)
     acc = _pv(pr, v, IEEE)
-    o = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]
-    row = (e * G + g) * (DV + 2)
-    tl.store(PART + row, m, mask=ok)
-    tl.store(PART + row + 1, l_sum, mask=ok)
-    tl.store(PART + row[:, None] + 2 + offs_dv[None, :], o, mask=ok[:, None] & (offs_dv[None, :] < DV))
+    empty = l_sum == 0.0
+    o = acc / tl.where(empty, 1.0, l_sum)[:, None]
+    row = e * G + g
+    tl.store(LSEP + row, tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, l_sum))), mask=ok)
+    tl.store(OP + row[:, None] * DV + offs_dv[None, :], o.to(OP.dtype.element_ty),
+             mask=ok[:, None] & (offs_dv[None, :] < DV))
 
 
 @triton.jit
-def _selb_combine(PART, IDX, Out, OC, OW, GT, sib, sit, sih, sob, sot, soh,
+def _selb_combine(OP, LSEP, IDX, Out, OC, OW, GT, sib, sit, sih, sob, sot, soh,
                   scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc, Tq,
                   HKV: tl.constexpr, G: tl.constexpr, N_SEL: tl.constexpr, DV: tl.constexpr, BG: tl.constexpr,
                   BDV: tl.constexpr, GATED: tl.constexpr):
-    """out = sum_s w_s l_s o_s / sum_s w_s l_s, w_s = exp(m_s - max m), over the slots of one
+    """out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max lse), over the slots of one
     (query, group) that hold a block (idx >= 0); then the gated sum with GATED."""
     t = tl.program_id(0)
     bh = tl.program_id(1)
@@ -105,23 +116,21 @@ def _selb_combine(PART, IDX, Out, OC, OW, GT, sib, sit, sih, sob, sot, soh,
     gmask = offs_g < G
     base = ((b * Tq + t) * HKV + h) * N_SEL
     m = tl.full([BG], float("-inf"), tl.float32)
+    for s in tl.static_range(N_SEL):   # pass 1: the largest log-sum-exp of each head
+        used = tl.load(IDX + b * sib + t * sit + h * sih + s) >= 0
+        m = tl.maximum(m, tl.load(LSEP + (base + s) * G + offs_g, mask=gmask & used, other=float("-inf")))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
     l_tot = tl.zeros([BG], tl.float32)
     acc = tl.zeros([BG, BDV], tl.float32)
-    for s in range(N_SEL):
+    for s in tl.static_range(N_SEL):   # pass 2: the weighted outputs (a slot without a block weighs 0)
         used = tl.load(IDX + b * sib + t * sit + h * sih + s) >= 0
-        row = ((base + s) * G + offs_g) * (DV + 2)
+        row = (base + s) * G + offs_g
         rmask = gmask & used
-        m_s = tl.load(PART + row, mask=rmask, other=float("-inf"))
-        l_s = tl.load(PART + row + 1, mask=rmask, other=0.0)
-        o_s = tl.load(PART + row[:, None] + 2 + offs_dv[None, :], mask=rmask[:, None] & (offs_dv[None, :] < DV),
+        w = tl.exp(tl.load(LSEP + row, mask=rmask, other=float("-inf")) - m_safe)
+        o_s = tl.load(OP + row[:, None] * DV + offs_dv[None, :], mask=rmask[:, None] & (offs_dv[None, :] < DV),
                       other=0.0)
-        m_new = tl.maximum(m, m_s)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m - m_safe)
-        w = tl.exp(m_s - m_safe) * l_s
-        l_tot = l_tot * alpha + w
-        acc = acc * alpha[:, None] + w[:, None] * o_s
-        m = m_new
+        l_tot += w
+        acc += w[:, None] * o_s.to(tl.float32)
     o = acc / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
     heads = h * G + offs_g
     omask = gmask[:, None] & (offs_dv[None, :] < DV)
@@ -156,17 +165,19 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
     bq = max(1, tiles.selb_rows // triton.next_power_of_2(group))
     cstart = torch.zeros(n_lists + 1, dtype=torch.int64, device=q.device)
     cstart[1:] = torch.cumsum((counts + bq - 1) // bq, 0)
-    part = torch.empty(b * tq * hkv * n_sel * group * (dv + 2), dtype=torch.float32, device=q.device)
+    rows = b * tq * hkv * n_sel * group
+    part_o = torch.empty(rows, dv, dtype=torch.float32 if tiles.selb_part_fp32 else q.dtype, device=q.device)
+    part_lse = torch.empty(rows, dtype=torch.float32, device=q.device)
     grid = triton.cdiv(b * tq * hkv * n_sel, bq) + n_lists      # >= the number of chunks
     _selb_fwd[(grid,)](
-        q, k, v, order, lstart, counts, cstart, part,   # int64 entries: B*T*Hkv*n can pass 2**31
+        q, k, v, order, lstart, counts, cstart, part_o, part_lse,   # int64 entries: B*T*Hkv*n can pass 2**31
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), tq, tk, q_start, k_start, scale, n_lists, nbk,
         HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, SEL=sel_block, DK=dk, DV=dv, BQ=bq,
         BDK=np2(dk), BDV=np2(dv), LOG=max(1, n_lists.bit_length()), IEEE=q.dtype == torch.float32,
         **tiles.launch("selb"))
     _selb_combine[(tq, b * hkv)](
-        part, idx, o, o_cmp, o_win, gates, idx.stride(0), idx.stride(1), idx.stride(2), o.stride(0), o.stride(1),
+        part_o, part_lse, idx, o, o_cmp, o_win, gates, idx.stride(0), idx.stride(1), idx.stride(2), o.stride(0), o.stride(1),
         o.stride(2), o_cmp.stride(0), o_cmp.stride(1), o_cmp.stride(2), o_win.stride(0), o_win.stride(1),
         o_win.stride(2), gates.stride(0), gates.stride(1), gates.stride(2), gates.stride(3), tq,
         HKV=hkv, G=group, N_SEL=n_sel, DV=dv, BG=np2(group, 1), BDV=np2(dv), GATED=gated is not None,

@@ -55,6 +55,8 @@ class Tiles:
     selb_rows: int = 128          # block-centric kernel: (entry, head) rows per program
     selb_warps: int = 4
     selb_stages: int | None = None
+    selb_part_fp32: bool = False  # block-centric: partial outputs in fp32 (default: the input dtype; bf16 halves the
+                                  # partials' traffic: 32/8 heads at 64k, results/h100/selb-bf16/)
     sel_split: int = 4            # decode: programs per row of the selection kernel (blocks split)
     sel_split_rows: int = 1024    # fewer (query, group) rows than this: split
     topn_split_rows: int = 2048   # fewer score rows than this (decode): two-stage top-n over chunks
@@ -93,7 +95,7 @@ class Tiles:
                     raise ValueError(f"Tiles.{f.name} must be one of {TOPN_ALGOS}, got {value!r}")
                 continue
             if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64",
-                          "dtop_sort64"):
+                          "dtop_sort64", "selb_part_fp32"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
