@@ -10,9 +10,9 @@ partial (its output over the block, normalised, and its log-sum-exp) to buffers 
 entry. A combine kernel then merges the `n` partials of each (query, group), in slot order, and
 applies the gated sum.
 
-Inversion: a stable sort of the entries by (batch, KV head, block), the lists' starts, and a
-chunk table; programs find their list by a binary search over the chunk table, so the launch
-needs no host synchronisation (the grid is an upper bound; spare programs return).
+Inversion: a stable sort of the entries by (batch, KV head, block), the lists' starts, a chunk
+table, and each program's list by one `searchsorted` over the chunk table, so the launch needs
+no host synchronisation (the grid is an upper bound; spare programs return).
 
 Memory: the partials are `B * T * Hkv * n * G` rows of `dv` outputs in the input dtype
 (`Tiles.selb_part_fp32`: fp32) and one fp32 log-sum-exp each, which is why this path is for
@@ -39,25 +39,19 @@ from nsa.backends.triton_kernels.tiles import Tiles
 
 
 @triton.jit
-def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, OP, LSEP,
+def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, PLIST, OP, LSEP,
               sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
               Tq, T_k, q_start, k_start, scale, NL, NBK,
               HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
               DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-              LOG: tl.constexpr, IEEE: tl.constexpr):
+              IEEE: tl.constexpr):
     """One chunk of BQ entries of one (batch, KV head, block) list -> each row's partial: its
     output over the block, normalised, at `OP[row]` (the partials' dtype) and its log-sum-exp
     (natural log, -inf where the row sees no key of the block) at `LSEP[row]`, row = entry * G + head."""
     p = tl.program_id(0)
-    if p >= tl.load(CSTART + NL):
+    lo = tl.load(PLIST + p)        # the list whose chunks hold program p (NL: a spare program)
+    if lo >= NL:
         return
-    lo = p * 0
-    hi = p * 0 + NL
-    for _ in range(LOG):           # the list whose chunks hold program p: CSTART[lo] <= p < CSTART[lo + 1]
-        mid = (lo + hi) // 2
-        go = tl.load(CSTART + mid) <= p
-        lo = tl.where(go, mid, lo)
-        hi = tl.where(go, hi, mid)
     chunk = p - tl.load(CSTART + lo)
     count = tl.load(LCOUNT + lo)
     first = tl.load(LSTART + lo) + chunk * BQ
@@ -169,12 +163,15 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
     part_o = torch.empty(rows, dv, dtype=torch.float32 if tiles.selb_part_fp32 else q.dtype, device=q.device)
     part_lse = torch.empty(rows, dtype=torch.float32, device=q.device)
     grid = triton.cdiv(b * tq * hkv * n_sel, bq) + n_lists      # >= the number of chunks
+    # Each program's list (CSTART[l] <= p < CSTART[l + 1]; n_lists past the last chunk), found
+    # for all programs at once rather than by a chain of dependent loads in each.
+    plist = torch.searchsorted(cstart, torch.arange(grid, device=q.device, dtype=torch.int64), right=True) - 1
     _selb_fwd[(grid,)](
-        q, k, v, order, lstart, counts, cstart, part_o, part_lse,   # int64 entries: B*T*Hkv*n can pass 2**31
+        q, k, v, order, lstart, counts, cstart, plist, part_o, part_lse,   # int64 entries: B*T*Hkv*n can pass 2**31
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), tq, tk, q_start, k_start, scale, n_lists, nbk,
         HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, SEL=sel_block, DK=dk, DV=dv, BQ=bq,
-        BDK=np2(dk), BDV=np2(dv), LOG=max(1, n_lists.bit_length()), IEEE=q.dtype == torch.float32,
+        BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32,
         **tiles.launch("selb"))
     _selb_combine[(tq, b * hkv)](
         part_o, part_lse, idx, o, o_cmp, o_win, gates, idx.stride(0), idx.stride(1), idx.stride(2), o.stride(0), o.stride(1),
