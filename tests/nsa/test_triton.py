@@ -279,6 +279,41 @@ def test_triton_topn_algorithms_are_exact(case, algo, seed, tiles):
     assert torch.equal(ours.long(), want.long())
 
 
+def test_topn_width_classes_cover_every_query_once():
+    """Each query lands in the narrowest power-of-two class holding its candidates (blocks
+    0 .. (q_start + t) // sel_block), every query exactly once, the last class the full width."""
+    from nsa.backends.triton_kernels.topn import width_classes
+
+    for q_start, tq, sel_block, width, low in ((0, 300, 2, 256, 16), (37, 100, 4, 64, 16), (5000, 3, 64, 128, 16),
+                                               (0, 1, 64, 16, 16), (0, 70, 4, 32, 16)):
+        classes = width_classes(q_start, tq, sel_block, width, low)
+        seen = []
+        for t_lo, t_hi, w in classes:
+            for t in range(t_lo, t_hi):
+                cur = (q_start + t) // sel_block
+                assert cur < w and (w == low or cur >= w // 2), (q_start, t, w)
+            seen += range(t_lo, t_hi)
+        assert seen == list(range(tq)) and classes[-1][2] <= width
+
+
+def test_triton_topn_over_width_classes(seed, tiles):
+    """Prefill top-n runs one launch per width class (rows whose candidates fit 16, 32, ..., 256
+    blocks): 300 queries over blocks of 2 span five classes, the filter runs in each class wider
+    than its cap; the blocks equal the PyTorch rule's."""
+    from nsa.backends.triton_kernels.topn import width_classes
+    from nsa.selection import select_topn
+
+    tiles(topn_cap=16, topn_split_rows=0)
+    tq, sel_block, n = 300, 2, 5
+    nb = (tq - 1) // sel_block + 1
+    assert len(width_classes(0, tq, sel_block, 256, 16)) == 5
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.rand(1, tq, 1, nb, generator=g).to(DEV)
+    ours = triton_nsa.topn(scores, 0, sel_block=sel_block, sel_count=n)
+    want = select_topn(scores.permute(0, 2, 1, 3), torch.arange(tq, device=DEV), sel_block=sel_block, sel_count=n)
+    assert torch.equal(ours.long(), want.long())
+
+
 @pytest.mark.parametrize("q_start", [0, 1, 37])
 def test_triton_compressed_select_is_scores_then_topn(q_start, seed, monkeypatch, tiles):
     """compressed_select (scores left unzeroed, key-tile spills in a side buffer that top-n adds)

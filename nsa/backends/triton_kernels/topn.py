@@ -196,13 +196,13 @@ def _topn_merge(CS, CI, IDX, sib, sit, sih, NC,
 
 
 @triton.jit
-def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_start, n_rows, iters,
+def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_start, t0, n_rows, iters,
           HKV: tl.constexpr, BH: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, BNB: tl.constexpr,
           BN: tl.constexpr, ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr,
           CAP: tl.constexpr, NBK: tl.constexpr, SORT64: tl.constexpr, ITERS_HOST: tl.constexpr,
           DYN: tl.constexpr):
-    """Rows `pid, pid + P, ...` (`iters` of them at most) of the `n_rows = Tq * BH` rows of group
-    scores (row `t * BH + bh`) -> their `N` blocks: forced block 0, current and previous; then the
+    """Rows `pid, pid + P, ...` (`iters` of them at most) of the `n_rows` rows of group scores from
+    query `t0` on (row `(t - t0) * BH + bh`), each with at most `BNB` candidates -> their `N` blocks: forced block 0, current and previous; then the
     highest scores among candidates `j <= t // SEL`, ties to the lower index; ascending, -1 pad.
     `SCR[pid]`: this program's `CAP` ints of compaction scratch (the filter). `NBK > 0`: `SP`
     holds the scores kernel's key-tile spills (`_row_scores`)."""
@@ -212,7 +212,7 @@ def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_st
     for i in range(0, iters if DYN else ITERS_HOST):   # the interpreter loops over host ints only
         r = pid + i * tl.num_programs(0)
         if r < n_rows:
-            t = (r // BH).to(tl.int64)   # t * score row stride passes 2**31 at 128k, 16 KV heads
+            t = t0 + (r // BH).to(tl.int64)   # t * score row stride passes 2**31 at 128k, 16 KV heads
             bh = r % BH
             b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
             h = bh % HKV
@@ -232,6 +232,19 @@ def sort_params(width: int, sel_count: int, algo: str, cap: int, nchunk: int, so
     use = algo == "filter" and width > cap and width // cw >= n2
     return {"ALGO": int(use), "IB": max(width.bit_length() - 1, 1), "K2": n2, "CW": cw, "CAP": cap,
             "SORT64": int(sort64 and cap >= n2)}
+
+
+def width_classes(q_start: int, tq: int, sel_block: int, width: int, low: int) -> list[tuple[int, int, int]]:
+    """`(t_lo, t_hi, w)` covering queries `0 .. tq - 1` (positions `q_start ..`) by powers of two
+    `w` from `low` to `width`: the queries whose candidate blocks `0 .. (q_start + t) // sel_block`
+    fit in `w` (`q_start + t < w * sel_block`) and not in `w / 2`; `width` takes the rest."""
+    out, t_lo, w = [], 0, low
+    while t_lo < tq:
+        t_hi = tq if w >= width else min(tq, max(t_lo, w * sel_block - q_start))
+        if t_hi > t_lo:
+            out.append((t_lo, t_hi, w))
+        t_lo, w = t_hi, w * 2
+    return out
 
 
 @functools.lru_cache(maxsize=16)
@@ -278,14 +291,19 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
                 or nbk > bnb or sp.shape[3] < triton.cdiv(nb, nbk) - 1):
         raise ValueError(f"spill must be a [B, Tq, Hkv, >= Nb / nbk - 1] unit-stride buffer beside scores "
                          f"{tuple(scores.shape)} with nbk a power of two <= {bnb}, got {tuple(sp.shape)}, nbk {nbk}")
-    rows = b * tq * hkv
-    nprog = programs(scores.device, tiles.topn_ctas, rows)
-    scr = torch.empty(nprog, tiles.topn_cap, dtype=torch.int32, device=scores.device)
-    iters, dyn = triton.cdiv(rows, nprog), not interpreting()
-    _topn[(nprog,)](scores, sp, idx, scr, scores.stride(0), scores.stride(1), scores.stride(2), sp.stride(0),
-                    sp.stride(1), sp.stride(2), idx.stride(0), idx.stride(1), idx.stride(2), nb, q_start, rows, iters,
-                    ITERS_HOST=0 if dyn else iters, DYN=dyn, HKV=hkv, BH=b * hkv, SEL=sel_block, N=sel_count,
-                    BNB=bnb, BN=np2(sel_count, 16), NBK=nbk,
-                    **sort_params(bnb, sel_count, tiles.topn_algo, tiles.topn_cap, tiles.topn_nchunk, tiles.topn_sort64),
-                    num_warps=tiles.topn_warps if bnb >= 1024 else 1)
+    # Rows by width: queries whose candidates (blocks <= t // sel_block) fit in `w` blocks run with
+    # `w`-wide vectors (the filter's cost follows the width), one launch per width class.
+    nprog_max = programs(scores.device, tiles.topn_ctas, b * tq * hkv)
+    scr = torch.empty(nprog_max, tiles.topn_cap, dtype=torch.int32, device=scores.device)
+    for t_lo, t_hi, w in width_classes(q_start, tq, sel_block, bnb, max(16, nbk)):
+        rows = b * (t_hi - t_lo) * hkv
+        nprog = programs(scores.device, tiles.topn_ctas, rows)
+        iters, dyn = triton.cdiv(rows, nprog), not interpreting()
+        _topn[(nprog,)](scores, sp, idx, scr, scores.stride(0), scores.stride(1), scores.stride(2), sp.stride(0),
+                        sp.stride(1), sp.stride(2), idx.stride(0), idx.stride(1), idx.stride(2), nb, q_start, t_lo,
+                        rows, iters, ITERS_HOST=0 if dyn else iters, DYN=dyn, HKV=hkv, BH=b * hkv, SEL=sel_block,
+                        N=sel_count, BNB=w, BN=np2(sel_count, 16), NBK=nbk,
+                        **sort_params(w, sel_count, tiles.topn_algo, tiles.topn_cap, tiles.topn_nchunk,
+                                      tiles.topn_sort64),
+                        num_warps=tiles.topn_warps if w >= 1024 else 1)
     return idx
