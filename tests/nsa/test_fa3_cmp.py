@@ -39,18 +39,20 @@ def fa3(monkeypatch):
     yield calls
 
 
-def _with_fa3(on: bool, min_group: int = 1):
+def _with_fa3(on: bool, min_group: int = 1, g1: bool = True):
     base = triton_nsa.current_tiles(DEV)
-    return triton_nsa.use_tiles(dataclasses.replace(base, cmp_fa3=on, cmp_fa3_min_group=min_group))
+    return triton_nsa.use_tiles(dataclasses.replace(base, cmp_fa3=on, cmp_fa3_min_group=min_group, cmp_fa3_g1=g1))
 
 
-@pytest.mark.parametrize(("b", "t", "hq", "hkv", "d"), [(2, 77, 4, 2, 64), (1, 64, 8, 8, 64), (1, 90, 16, 1, 128)],
-                         ids=["B2-T77-G2-tail2", "B1-T64-G1-notail", "B1-T90-G16-tail3"])
+@pytest.mark.parametrize(("b", "t", "hq", "hkv", "d"), [(2, 77, 4, 2, 64), (1, 64, 8, 8, 64), (2, 78, 4, 4, 64),
+                                                         (1, 90, 16, 1, 128)],
+                         ids=["B2-T77-G2-tail2", "B1-T64-G1-notail", "B2-T78-G1-tail3", "B1-T90-G16-tail3"])
 def test_fa3_compressed_output_and_scores(b, t, hq, hkv, d, seed, fa3):
-    """Output, log-sum-exp (through the scores) and the call FA-3 gets: one packed call of
-    `(T - l + 1) // d` steps of `d * Hq` heads over `d * Hkv` tiled key heads, causal, writing
-    into the output's own slice; the first l - 1 queries see nothing; a partial last step
-    (T77: 2 queries, T90: 3) goes to the Triton kernel."""
+    """Output, log-sum-exp (through the scores) and the calls FA-3 gets: G > 1, one packed call of
+    `(T - l + 1) // d` steps of `d * Hq` heads over `d * Hkv` tiled key heads; G = 1, one call
+    per sequence with the KV heads as batch, `d` heads over one KV head, no tiling; causal,
+    writing into the output's own slice; the first l - 1 queries see nothing; a partial last
+    step (T77: 2 queries, T78 and T90: 3) goes to the Triton kernel."""
     block, stride, sel = 8, 4, 16
     dtype = torch.bfloat16 if DEV == "cuda" else torch.float32   # the interpreter's bf16 dots are wrong
     q, k, v = qkv(b, t, hq, hkv, d, d, dtype=dtype, device=DEV)
@@ -68,9 +70,13 @@ def test_fa3_compressed_output_and_scores(b, t, hq, hkv, d, seed, fa3):
         float((s - s_ref).abs().max())
     if fa3:   # the double's log
         steps = (t - block + 1) // stride
-        assert [c["fn"] for c in fa3] == ["_flash_attn_forward"]
-        assert fa3[0]["q_shape"] == (b, steps, stride * hq, d) and fa3[0]["k_shape"] == (b, steps, stride * hkv, d)
-        assert fa3[0]["causal"] and fa3[0]["out_"]
+        if hq == hkv:
+            assert [c["fn"] for c in fa3] == ["_flash_attn_forward"] * b
+            assert all(c["q_shape"] == (hq, steps, stride, d) and c["k_shape"] == (hkv, steps, 1, d) for c in fa3)
+        else:
+            assert [c["fn"] for c in fa3] == ["_flash_attn_forward"]
+            assert fa3[0]["q_shape"] == (b, steps, stride * hq, d) and fa3[0]["k_shape"] == (b, steps, stride * hkv, d)
+        assert all(c["causal"] and c["out_"] for c in fa3)
 
 
 def test_fa3_only_on_hopper(monkeypatch):
@@ -83,7 +89,8 @@ def test_fa3_only_on_hopper(monkeypatch):
 
 def test_fa3_compressed_not_used_where_it_cannot_run(seed, fa3):
     """fp16, chunked prefill (q_start > 0), too few queries for one whole step, a GQA group below
-    `Tiles.cmp_fa3_min_group`, or the tile switched off: the Triton kernel alone."""
+    `Tiles.cmp_fa3_min_group`, G = 1 with `Tiles.cmp_fa3_g1` off, or the tile switched off: the
+    Triton kernel alone."""
     block, stride = 8, 4
     q, k, v = qkv(1, 40, 4, 2, 64, 64, dtype=torch.bfloat16, device=DEV)
     kc, vc = ops.compress_kv(k, v, block=block, stride=stride)
@@ -98,4 +105,7 @@ def test_fa3_compressed_not_used_where_it_cannot_run(seed, fa3):
     for on, min_group in ((False, 1), (True, 4)):   # off; on, but G = 2 < 4
         with _with_fa3(on, min_group):
             triton_nsa.compressed_and_scores(*x, block=block, stride=stride, sel_block=16, scale=0.125)
+    q1 = x[0][:, :, :2].contiguous()   # 2 heads over 2 KV heads: G = 1
+    with _with_fa3(True, 4, g1=False):
+        triton_nsa.compressed_and_scores(q1, *x[1:], block=block, stride=stride, sel_block=16, scale=0.125)
     assert not fa3

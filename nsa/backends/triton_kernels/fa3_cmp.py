@@ -13,12 +13,20 @@ KV head `qh // (d*Hq / Hkv')`; with the compressed keys tiled d times along head
 `[B, d*Hq, U]` is re-ordered into `lse [B, Hq, T]`. Queries before `l - 1` see nothing (zero
 output, `lse = +inf`); the last `< d` queries, a partial step, go to the Triton kernel.
 
+G = 1 needs no tiled keys: per sequence, each KV head is one FA-3 batch entry whose d "heads"
+are the step offsets r, all over that one KV head (GQA d:1). For head h the query of step u,
+offset r sits at `q[b, l-1+d*u+r, h]`, so `[Hq, U, d, dk]` with strides (dk, d*Hq*dk, Hq*dk, 1)
+is again a view of `q` (and of the output); the keys are `k_cmp[b]` viewed as `[Hkv, U, 1, dk]`.
+(With G > 1 the heads of one group and the step offsets would form a 2-D head index no single
+stride reaches, hence the tiling there.)
+
 Where it runs: CUDA on sm90, bf16 (the wheel's build), head dims it has, `q_start == 0` (prefill),
-`Tiles.cmp_fa3`, GQA groups of at least `Tiles.cmp_fa3_min_group` heads; else the caller runs
-its own kernel. Measured on the H100 (results/h100/fa3-cmp, whole forward at 64k): 64/4 heads
-38.5 -> 35.7 ms, 128k 113.7 -> 103.3 ms, 32/8 36.9 -> 36.5 ms, but 16/16 30.1 -> 30.8 ms: the
-tiled keys (d copies of every KV head's compressed keys and values) cost more than FA-3 saves
-over the Triton kernel when each KV head serves one query head.
+`Tiles.cmp_fa3`, GQA groups of at least `Tiles.cmp_fa3_min_group` heads or, with
+`Tiles.cmp_fa3_g1`, G = 1; else the caller runs its own kernel. Measured on the H100, whole
+forward (results/h100/fa3-cmp, results/h100/fa3-g1): 64/4 heads at 64k 38.5 -> 35.7 ms, 128k
+113.7 -> 103.3 ms, 32/8 at 64k 36.9 -> 36.5 ms; 16/16 with tiled keys 30.1 -> 30.8 ms (the d
+copies of every KV head's compressed keys cost more than FA-3 saved), with the batch view
+22.7 -> 21.7 ms at 64k (the pass 2.48 -> 1.50 ms) and 3.88 -> 3.90 ms at 16k.
 """
 
 from __future__ import annotations
@@ -84,19 +92,33 @@ def output_and_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, lse: Tens
     queries from `start` on (a partial step, fewer than `stride`; not called when none)."""
     fa3 = load()
     b, tq, hq, dk = q.shape
-    dv = v_cmp.shape[-1]
+    hkv, dv = k_cmp.shape[2], v_cmp.shape[-1]
     first = block - 1
     steps = (tq - first) // stride
     end = first + steps * stride
-    qp = q[:, first:end].view(b, steps, stride * hq, dk)
-    op = o[:, first:end].view(b, steps, stride * hq, dv)
-    kp = k_cmp[:, :steps].repeat(1, 1, stride, 1)
-    vp = v_cmp[:, :steps].repeat(1, 1, stride, 1)
-    out, lse_p = _forward_into(fa3, qp, kp, vp, op, scale)
-    if out.data_ptr() != op.data_ptr():   # a build that ignores `out`
-        op.copy_(out)
-    # [B, d*Hq, U] (head r*Hq + h, step u) -> lse[b, h, first + d*u + r]
-    lse[:, :, first:end].copy_(lse_p.view(b, stride, hq, steps).permute(0, 2, 3, 1).reshape(b, hq, steps * stride))
+    if hq == hkv:
+        # G = 1: per sequence, KV head h as FA-3's batch and the d step offsets as its heads, all
+        # over one KV head (GQA d:1): q viewed as [Hq, U, d, dk] (strides dk, d*Hq*dk, Hq*dk, 1),
+        # keys as [Hkv, U, 1, dk]; no tiled keys. lse [Hq, d, U] -> lse[b, h, first + d*u + r].
+        for i in range(b):
+            qb = q[i, first:end].unflatten(0, (steps, stride)).permute(2, 0, 1, 3)
+            ob = o[i, first:end].unflatten(0, (steps, stride)).permute(2, 0, 1, 3)
+            kb = k_cmp[i, :steps].permute(1, 0, 2).unsqueeze(2)
+            vb = v_cmp[i, :steps].permute(1, 0, 2).unsqueeze(2)
+            out, lse_b = _forward_into(fa3, qb, kb, vb, ob, scale)
+            if out.data_ptr() != ob.data_ptr():   # a build that ignores `out`
+                ob.copy_(out)
+            lse[i, :, first:end].copy_(lse_b.permute(0, 2, 1).reshape(hq, steps * stride))
+    else:
+        qp = q[:, first:end].view(b, steps, stride * hq, dk)
+        op = o[:, first:end].view(b, steps, stride * hq, dv)
+        kp = k_cmp[:, :steps].repeat(1, 1, stride, 1)
+        vp = v_cmp[:, :steps].repeat(1, 1, stride, 1)
+        out, lse_p = _forward_into(fa3, qp, kp, vp, op, scale)
+        if out.data_ptr() != op.data_ptr():   # a build that ignores `out`
+            op.copy_(out)
+        # [B, d*Hq, U] (head r*Hq + h, step u) -> lse[b, h, first + d*u + r]
+        lse[:, :, first:end].copy_(lse_p.view(b, stride, hq, steps).permute(0, 2, 3, 1).reshape(b, hq, steps * stride))
     o[:, :first].zero_()
     lse[:, :, :first].fill_(float("inf"))
     if end < tq:

@@ -36,7 +36,8 @@ class Tiles:
     score_carry: bool = True      # carry block spill in registers when the tile ends on a block edge
     cmp_lse: bool = True          # prefill: one-pass output + log-sum-exp, then the scores kernel (scores.py)
     cmp_fa3: bool = True          # prefill: the one-pass output + log-sum-exp by FlashAttention-3 where installed (fa3_cmp.py)
-    cmp_fa3_min_group: int = 4    # ... for GQA groups of at least this many heads (G=1 measured slower: fa3_cmp.py)
+    cmp_fa3_min_group: int = 4    # ... for GQA groups of at least this many heads (tiled keys; G=1 measured slower: fa3_cmp.py)
+    cmp_fa3_g1: bool = True       # ... and for G = 1 with KV heads as FA-3's batch (no tiled keys: fa3_cmp.py)
     lse_rows: int = 128           # one-pass kernel: (query, head) rows per program
     lse_bc: int = 32              # one-pass kernel: compressed keys per tile
     lse_warps: int = 8
@@ -95,7 +96,7 @@ class Tiles:
                     raise ValueError(f"Tiles.{f.name} must be one of {TOPN_ALGOS}, got {value!r}")
                 continue
             if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64",
-                          "dtop_sort64", "selb_part_fp32"):
+                          "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
