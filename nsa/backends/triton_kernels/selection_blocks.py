@@ -152,10 +152,10 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
     bh = (torch.arange(b, device=q.device, dtype=torch.int32)[:, None, None, None] * hkv
           + torch.arange(hkv, device=q.device, dtype=torch.int32)[None, None, :, None])
     key = torch.where(idx >= 0, bh * nbk + idx, n_lists).flatten()
-    _, order = torch.sort(key, stable=True)
-    counts = torch.bincount(key, minlength=n_lists + 1)[:n_lists]
-    lstart = torch.zeros(n_lists + 1, dtype=torch.int64, device=q.device)
-    lstart[1:] = torch.cumsum(counts, 0)
+    sorted_key, order = torch.sort(key, stable=True)
+    # List l's entries are sorted[lstart[l] : lstart[l + 1]] (a search of the sorted keys, no histogram).
+    lstart = torch.searchsorted(sorted_key, torch.arange(n_lists + 1, device=q.device, dtype=key.dtype))
+    counts = lstart[1:] - lstart[:-1]
     bq = max(1, tiles.selb_rows // triton.next_power_of_2(group))
     cstart = torch.zeros(n_lists + 1, dtype=torch.int64, device=q.device)
     cstart[1:] = torch.cumsum((counts + bq - 1) // bq, 0)
