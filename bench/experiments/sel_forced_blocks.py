@@ -1,0 +1,196 @@
+"""Selection-kernel and scores-kernel experiment (H100).
+
+What it measures, for T = 8192 and 65536 (64 query heads, 4 KV heads, head dim 128, bf16):
+
+* the selection kernel (``selection.selected``) time with num_stages 2 and 3 for three index sets:
+  the real top-k indices ("real"), the real ones with the forced blocks (block 0 and the query's
+  own and previous block) replaced by -1 ("free": what dropping the forced blocks would save),
+  and the same blocks for every query ("same": does L1 reuse make it faster);
+* whether the forced blocks sit at positions 0, 14, 15 of full index rows;
+* the Triton sliding-window kernel time (window 512);
+* the current compressed-scores kernel against a software-pipelined variant (``_scores_pp``,
+  MODE 1: next head's product issued before this head's exp; MODE 2: two heads per step) for
+  a few warps/stages, with whether its output is bit-identical to the current kernel.
+
+Needs a CUDA GPU (it was run on an H100 in this project). Rerun from the repo root with
+
+    PYTHONPATH=$PWD OUT=<dir> python3 bench/experiments/sel_forced_blocks.py
+
+It writes ``$OUT/exp1.json``; the H100 result is stored as
+``results/h100/experiments/forced-same-scores-pp.json``.
+"""
+import dataclasses
+import json
+import os
+import sys
+
+sys.path.insert(0, os.getcwd())
+import torch
+import triton
+import triton.language as tl
+from triton.testing import do_bench
+
+from nsa import ops
+from nsa.backends import triton_nsa
+from nsa.backends.triton_kernels import compressed as C
+from nsa.backends.triton_kernels import scores as SC
+from nsa.backends.triton_kernels import selection as S
+from nsa.backends.triton_kernels.common import LOG2E, _dot
+from nsa.backends.triton_kernels.tiles import current
+
+OUT = os.environ.get("OUT", "/tmp")
+res = {}
+
+
+@triton.jit
+def _scores_pp(Q, KC, LSE, S, SP,
+               sqb, sqt, sqh, skb, skt, skh, slb, slh, ssb, sst, ssh, spb, spt, sph,
+               T, Tc, NB, q_start, qk_scale2,
+               HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
+               E: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr, BDK: tl.constexpr,
+               IEEE: tl.constexpr, MODE: tl.constexpr):
+    pid_k = tl.program_id(0)
+    pid_q = tl.program_id(1)
+    bh = tl.program_id(2)
+    b = (bh // HKV).to(tl.int64)
+    h = bh % HKV
+    t0 = pid_q * BQ
+    c0 = pid_k * BK
+    t_last = q_start + tl.minimum(t0 + BQ, T) - 1
+    vis_last = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
+    if c0 >= vis_last:
+        return
+    offs_q = t0 + tl.arange(0, BQ)
+    q_ok = offs_q < T
+    t_abs = q_start + offs_q
+    nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
+    nvis = tl.minimum(nvis, Tc)
+    offs_c = c0 + tl.arange(0, BK)
+    offs_dk = tl.arange(0, BDK)
+    kc = tl.load(KC + b * skb + h * skh + offs_c[:, None] * skt + offs_dk[None, :],
+                 mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
+    kt = tl.trans(kc)
+    q_rows = Q + b * sqb + offs_q[:, None].to(tl.int64) * sqt + offs_dk[None, :]
+    acc = tl.zeros([BQ, BK], tl.float32)
+    if MODE == 1:   # software pipelined: the next head's product issued before this head's exp
+        head = h * G
+        q = tl.load(q_rows + head * sqh, mask=q_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+        s = _dot(q, kt, IEEE)
+        for g in range(1, G):
+            head = h * G + g
+            qn = tl.load(q_rows + head * sqh, mask=q_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+            sn = _dot(qn, kt, IEEE)
+            lse2 = tl.load(LSE + b * slb + (head - 1) * slh + offs_q, mask=q_ok, other=float("inf")) * 1.4426950408889634
+            acc += tl.exp2(s * qk_scale2 - lse2[:, None])
+            s = sn
+        lse2 = tl.load(LSE + b * slb + (h * G + G - 1) * slh + offs_q, mask=q_ok, other=float("inf")) * 1.4426950408889634
+        acc += tl.exp2(s * qk_scale2 - lse2[:, None])
+    else:           # two heads per step: one [2*BQ] product? no: two products then two exps
+        for g in range(0, G, 2):
+            head = h * G + g
+            q0 = tl.load(q_rows + head * sqh, mask=q_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+            q1 = tl.load(q_rows + (head + 1) * sqh, mask=q_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+            s0 = _dot(q0, kt, IEEE)
+            s1 = _dot(q1, kt, IEEE)
+            l0 = tl.load(LSE + b * slb + head * slh + offs_q, mask=q_ok, other=float("inf")) * 1.4426950408889634
+            l1 = tl.load(LSE + b * slb + (head + 1) * slh + offs_q, mask=q_ok, other=float("inf")) * 1.4426950408889634
+            acc += tl.exp2(s0 * qk_scale2 - l0[:, None])
+            acc += tl.exp2(s1 * qk_scale2 - l1[:, None])
+    acc = tl.where((offs_c[None, :] < nvis[:, None]) & q_ok[:, None], acc, 0.0)
+    NBK: tl.constexpr = BK // R
+    tot, nxt = SC._block_map(acc, BQ, NBK, R, E, D)
+    i = tl.arange(0, NBK)
+    jb = c0 // R
+    offs_j = jb + i
+    rows = S + b * ssb + offs_q[:, None].to(tl.int64) * sst + h * ssh
+    spill = tl.sum(tl.where(i[None, :] == NBK - 1, nxt, 0.0), 1)
+    tl.store(rows + offs_j[None, :], tot, mask=q_ok[:, None] & (offs_j[None, :] < NB))
+    tl.store(SP + b * spb + offs_q.to(tl.int64) * spt + h * sph + pid_k, spill, mask=q_ok & (jb + NBK < NB))
+
+
+def run(T, hq=64, hkv=4):
+    dev, dt = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def r(*s):
+        return torch.randn(*s, device=dev, dtype=dt, generator=g)
+
+    q = r(1, T, hq, 128)
+    k, v = r(1, T, hkv, 128), r(1, T, hkv, 128)
+    kc, vc = ops.compress_kv(k, v, block=32, stride=16)
+    scale = 128 ** -0.5
+    o_cmp, idx = triton_nsa.compressed_select(q, kc, vc, block=32, stride=16, sel_block=64, sel_count=16, scale=scale)
+    tiles = current(q.device)
+    key = f"{T}-{hq}-{hkv}"
+    out = {}
+    t = torch.arange(T, device=dev).view(1, T, 1, 1)
+    i = t // 64
+    forced = (idx == 0) | (idx == i) | (idx == i - 1)
+    idx_free = torch.where(forced, torch.full_like(idx, -1), idx)
+    same = torch.cat([torch.zeros_like(idx[..., :1]), torch.arange(1, 14, device=dev, dtype=idx.dtype).expand(*idx.shape[:3], 13),
+                      (i - 1).clamp(min=0).to(idx.dtype).expand(*idx.shape[:3], 1), i.to(idx.dtype).expand(*idx.shape[:3], 1)], -1)
+    print("forced per row (mean)", forced.sum(-1).float().mean().item(), flush=True)
+    for name, ix in (("real", idx), ("free", idx_free), ("same", same)):
+        for st in (2, 3):
+            tl_ = dataclasses.replace(tiles, sel_stages=st)
+
+            def f(ix=ix, tl_=tl_):
+                return S.selected(q, k, v, ix, sel_block=64, scale=scale, q_start=0, k_start=0, tiles=tl_)
+
+            out[f"sel_{name}_st{st}"] = do_bench(f, warmup=5, rep=50, return_mode="median")
+        print(key, name, out[f"sel_{name}_st2"], out[f"sel_{name}_st3"], flush=True)
+    # sorted-by-nothing check: are forced blocks at positions 0, -2, -1 of full rows?
+    full = (i >= 15).expand_as(idx[..., :1]).squeeze(-1)
+    pos_ok = ((idx[..., 0] == 0) & (idx[..., 14] == (i - 1).squeeze(-1)) & (idx[..., 15] == i.squeeze(-1)))
+    out["forced_pos_ok_full_rows"] = bool(pos_ok[full].all().item())
+    # window kernel time (triton, win tiles default)
+
+    def fw():
+        return triton_nsa._win.sliding(q, k, v, window=512, scale=scale, q_start=0, k_start=0, tiles=tiles)
+
+    out["win"] = do_bench(fw, warmup=5, rep=50, return_mode="median")
+    # scores kernel variants on one lse
+    b, tq = 1, T
+    tc = kc.shape[1]
+    lse = torch.empty(b, hq, tq, dtype=torch.float32, device=dev)
+    o = torch.empty_like(q)
+    C._launch_lse(q, kc, vc, o, lse, block=32, stride=16, scale=scale, q_start=0, tiles=tiles)
+    rr, e = C._stride_map(32, 16, 64, tiles)
+    bq, bk = tiles.scr_bq, tiles.scr_bk
+    nb = (T - 1) // 64 + 1
+    nbk = bk // rr
+    s_ref = torch.zeros(b, tq, hkv, nb, dtype=torch.float32, device=dev)
+    sp_ref = torch.zeros(b, tq, hkv, max(triton.cdiv(tc, bk), triton.cdiv(nb, nbk)), dtype=torch.float32, device=dev)
+
+    def launch(kern, s, sp, warps, stages, **extra):
+        kern[(triton.cdiv(tc, bk), triton.cdiv(tq, bq), b * hkv)](
+            q, kc, lse, s, sp, q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1),
+            kc.stride(2), lse.stride(0), lse.stride(1), s.stride(0), s.stride(1), s.stride(2), sp.stride(0),
+            sp.stride(1), sp.stride(2), tq, tc, nb, 0, scale * LOG2E,
+            HKV=hkv, G=hq // hkv, L=32, D=16, R=rr, E=e, BQ=bq, BK=bk, DK=128, BDK=128, IEEE=False,
+            num_warps=warps, num_stages=stages, **extra)
+
+    launch(SC._cmp_scores, s_ref, sp_ref, tiles.scr_warps, tiles.scr_stages, SPILL=True)
+    out["scr_base"] = do_bench(lambda: launch(SC._cmp_scores, s_ref, sp_ref, tiles.scr_warps, tiles.scr_stages, SPILL=True),
+                               warmup=5, rep=30, return_mode="median")
+    for mode in (1, 2):
+        for warps, stages in ((4, 2), (4, 3), (8, 2)):
+            s2, sp2 = torch.zeros_like(s_ref), torch.zeros_like(sp_ref)
+            try:
+                launch(_scores_pp, s2, sp2, warps, stages, MODE=mode)
+                same_ = bool(torch.equal(s2, s_ref) and torch.equal(sp2, sp_ref))
+                tm = do_bench(lambda s2=s2, sp2=sp2, warps=warps, stages=stages, mode=mode:
+                              launch(_scores_pp, s2, sp2, warps, stages, MODE=mode),
+                              warmup=5, rep=30, return_mode="median")
+            except Exception as ex:  # noqa: BLE001
+                same_, tm = repr(ex)[:200], None
+            out[f"scr_mode{mode}_w{warps}_s{stages}"] = (tm, same_)
+            print(key, mode, warps, stages, tm, same_, flush=True)
+    print(key, json.dumps(out), flush=True)
+    res[key] = out
+
+
+for T in (8192, 65536):
+    run(T)
+with open(os.path.join(OUT, "exp1.json"), "w") as f:
+    json.dump(res, f, indent=1)
