@@ -22,7 +22,7 @@ loads aligned (one `(m, l, o)` row of `dv + 2` floats left every `o` 8 bytes off
 vector). Precision: a bf16/fp16 partial is its normalised output rounded once to the input
 dtype (relative 2**-9 for bf16) before the fp32 merge, so the branch output carries at most
 one rounding more than the group-centric kernel's; fp32 inputs keep fp32 partials (docs/nsa.md,
-"Precision").
+"Selected attention").
 """
 
 from __future__ import annotations

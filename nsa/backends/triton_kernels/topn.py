@@ -202,8 +202,9 @@ def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_st
           CAP: tl.constexpr, NBK: tl.constexpr, SORT64: tl.constexpr, ITERS_HOST: tl.constexpr,
           DYN: tl.constexpr):
     """Rows `pid, pid + P, ...` (`iters` of them at most) of the `n_rows` rows of group scores from
-    query `t0` on (row `(t - t0) * BH + bh`), each with at most `BNB` candidates -> their `N` blocks: forced block 0, current and previous; then the
-    highest scores among candidates `j <= t // SEL`, ties to the lower index; ascending, -1 pad.
+    query `t0` on (row `(t - t0) * BH + bh`), each with at most `BNB` candidates -> their `N`
+    blocks: forced block 0, current and previous; then the highest scores among candidates
+    `j <= t // SEL`, ties to the lower index; ascending, -1 pad.
     `SCR[pid]`: this program's `CAP` ints of compaction scratch (the filter). `NBK > 0`: `SP`
     holds the scores kernel's key-tile spills (`_row_scores`)."""
     pid = tl.program_id(0)
