@@ -53,13 +53,15 @@ def test_triton_selected_matches_oracle(shape, split, seed, tiles):
     assert rel_err(out_t, out[:, t:t + 1]) < 1e-5
 
 
+@pytest.mark.parametrize("steps", [1, 3], ids=["one-step", "three-steps"])
 @pytest.mark.parametrize("shape", SHAPES + [(1, 300, 4, 4, 16, 16)], ids=IDS + ["B1-T300-Hq4-Hkv4-dk16-dv16"])
-def test_triton_block_centric_selection_matches_oracle(shape, seed, tiles):
+def test_triton_block_centric_selection_matches_oracle(shape, steps, seed, tiles):
     """The block-centric path (selection_blocks.py: entries sorted by key block, one program per
     chunk of a block's list, partials combined per query): the oracle's output for GQA 1/4/16,
-    lists longer than one chunk (block 0 is chosen by every query; T=300 gives 19 blocks), a
+    lists longer than one chunk (block 0 is chosen by every query; T=300 gives 19 blocks), chunks
+    of one or three steps of entries over one K/V load (the last step of a list part-filled), a
     chunk of queries at q_start > 0, and the gated epilogue."""
-    tiles(selb_max_group=16, selb_min_rows=0, selb_rows=16)
+    tiles(selb_max_group=16, selb_min_rows=0, selb_rows=16, selb_steps=steps)
     q, k, v = qkv(*shape, device=DEV)
     kc, vc = ops.compress_kv(k, v, block=8, stride=4)
     idx = ops.select_blocks(q, kc, block=8, stride=4, sel_block=16, sel_count=4)

@@ -35,7 +35,7 @@ from torch import Tensor
 from nsa.backends.triton_kernels import common
 from nsa.backends.triton_kernels.common import _dot, _pv, np2
 from nsa.backends.triton_kernels.selection import _gated
-from nsa.backends.triton_kernels.tiles import Tiles
+from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 
 @triton.jit
@@ -43,55 +43,60 @@ def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, PLIST, OP, LSEP,
               sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
               Tq, T_k, q_start, k_start, scale, NL, NBK,
               HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
-              DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-              IEEE: tl.constexpr):
-    """One chunk of BQ entries of one (batch, KV head, block) list -> each row's partial: its
-    output over the block, normalised, at `OP[row]` (the partials' dtype) and its log-sum-exp
-    (natural log, -inf where the row sees no key of the block) at `LSEP[row]`, row = entry * G + head."""
+              DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, STEPS: tl.constexpr, BDK: tl.constexpr,
+              BDV: tl.constexpr, IEEE: tl.constexpr, DYN: tl.constexpr):
+    """One chunk of up to STEPS * BQ entries of one (batch, KV head, block) list, BQ entries a
+    step, the block's keys/values loaded once -> each row's partial: its output over the block,
+    normalised, at `OP[row]` (the partials' dtype) and its log-sum-exp (natural log, -inf where the
+    row sees no key of the block) at `LSEP[row]`, row = entry * G + head. DYN: the steps stop at
+    the list's end (the interpreter runs all STEPS, masked)."""
     p = tl.program_id(0)
     lo = tl.load(PLIST + p)        # the list whose chunks hold program p (NL: a spare program)
     if lo >= NL:
         return
     chunk = p - tl.load(CSTART + lo)
-    count = tl.load(LCOUNT + lo)
-    first = tl.load(LSTART + lo) + chunk * BQ
+    left = tl.load(LCOUNT + lo) - chunk * (BQ * STEPS)     # entries of this list from the chunk's first
+    first = tl.load(LSTART + lo) + chunk * (BQ * STEPS)
     bh = lo // NBK
     blk = lo % NBK
     b = (bh // HKV).to(tl.int64)
     h = bh % HKV
     M: tl.constexpr = BQ * GP
     rows = tl.arange(0, M)
-    slot_in_chunk = rows // GP
+    slot_in_step = rows // GP
     g = rows % GP
-    ok = (chunk * BQ + slot_in_chunk < count) & (g < G)
-    e = tl.load(ORDER + first + slot_in_chunk, mask=ok, other=0).to(tl.int64)   # flat entry (b, t, h, s)
-    t = (e // (HKV * N_SEL)) % Tq
     offs_dk = tl.arange(0, BDK)
     offs_dv = tl.arange(0, BDV)
     heads = h * G + g
-    q = tl.load(Q + b * sqb + t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
-                mask=ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
     pos = blk * SEL + tl.arange(0, SEL)
     kvalid = (pos >= k_start) & (pos < k_start + T_k)
     kpos = pos - k_start
     k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
                 mask=kvalid[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    s = _dot(q, tl.trans(k), IEEE)
-    vis = kvalid[None, :] & (pos[None, :] <= (q_start + t)[:, None])
-    s = tl.where(vis, s * scale, float("-inf"))
-    m = tl.max(s, 1)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    pr = tl.exp(s - m_safe[:, None])
-    l_sum = tl.sum(pr, 1)
     v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
                 mask=kvalid[:, None] & (offs_dv[None, :] < DV), other=0.0)
-    acc = _pv(pr, v, IEEE)
-    empty = l_sum == 0.0
-    o = acc / tl.where(empty, 1.0, l_sum)[:, None]
-    row = e * G + g
-    tl.store(LSEP + row, tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, l_sum))), mask=ok)
-    tl.store(OP + row[:, None] * DV + offs_dv[None, :], o.to(OP.dtype.element_ty),
-             mask=ok[:, None] & (offs_dv[None, :] < DV))
+    kt = tl.trans(k)
+    for i in range(0, tl.minimum(STEPS, tl.cdiv(left, BQ)) if DYN else STEPS):
+        slot = i * BQ + slot_in_step
+        ok = (slot < left) & (g < G)
+        e = tl.load(ORDER + first + slot, mask=ok, other=0).to(tl.int64)   # flat entry (b, t, h, s)
+        t = (e // (HKV * N_SEL)) % Tq
+        q = tl.load(Q + b * sqb + t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
+                    mask=ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+        s = _dot(q, kt, IEEE)
+        vis = kvalid[None, :] & (pos[None, :] <= (q_start + t)[:, None])
+        s = tl.where(vis, s * scale, float("-inf"))
+        m = tl.max(s, 1)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        pr = tl.exp(s - m_safe[:, None])
+        l_sum = tl.sum(pr, 1)
+        acc = _pv(pr, v, IEEE)
+        empty = l_sum == 0.0
+        o = acc / tl.where(empty, 1.0, l_sum)[:, None]
+        row = e * G + g
+        tl.store(LSEP + row, tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, l_sum))), mask=ok)
+        tl.store(OP + row[:, None] * DV + offs_dv[None, :], o.to(OP.dtype.element_ty),
+                 mask=ok[:, None] & (offs_dv[None, :] < DV))
 
 
 @triton.jit
@@ -157,12 +162,13 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
     lstart = torch.searchsorted(sorted_key, torch.arange(n_lists + 1, device=q.device, dtype=key.dtype))
     counts = lstart[1:] - lstart[:-1]
     bq = max(1, tiles.selb_rows // triton.next_power_of_2(group))
+    per = bq * tiles.selb_steps       # entries per program: selb_steps steps of bq, one K/V load
     cstart = torch.zeros(n_lists + 1, dtype=torch.int64, device=q.device)
-    cstart[1:] = torch.cumsum((counts + bq - 1) // bq, 0)
+    cstart[1:] = torch.cumsum((counts + per - 1) // per, 0)
     rows = b * tq * hkv * n_sel * group
     part_o = torch.empty(rows, dv, dtype=torch.float32 if tiles.selb_part_fp32 else q.dtype, device=q.device)
     part_lse = torch.empty(rows, dtype=torch.float32, device=q.device)
-    grid = triton.cdiv(b * tq * hkv * n_sel, bq) + n_lists      # >= the number of chunks
+    grid = triton.cdiv(b * tq * hkv * n_sel, per) + n_lists     # >= the number of chunks
     # Each program's list (CSTART[l] <= p < CSTART[l + 1]; n_lists past the last chunk), found
     # for all programs at once rather than by a chain of dependent loads in each.
     plist = torch.searchsorted(cstart, torch.arange(grid, device=q.device, dtype=torch.int64), right=True) - 1
@@ -171,7 +177,7 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), tq, tk, q_start, k_start, scale, n_lists, nbk,
         HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, SEL=sel_block, DK=dk, DV=dv, BQ=bq,
-        BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32,
+        STEPS=tiles.selb_steps, BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32, DYN=not interpreting(),
         **tiles.launch("selb"))
     _selb_combine[(tq, b * hkv)](
         part_o, part_lse, idx, o, o_cmp, o_win, gates, idx.stride(0), idx.stride(1), idx.stride(2), o.stride(0), o.stride(1),

@@ -55,7 +55,9 @@ class Tiles:
     selb_min_rows: int = 4096     # ... and at least this many (query, KV head) rows
     selb_rows: int = 128          # block-centric kernel: (entry, head) rows per program
     selb_warps: int = 4
-    selb_stages: int | None = None
+    selb_stages: int | None = 2   # (the loop over steps below pipelines the gathers; 3 stages measured 1.6x slower)
+    selb_steps: int = 8           # block-centric: steps of selb_rows rows per program, one K/V load for all
+                                  # (64k: 32/8 9.8 -> 8.4 ms, 16/16 5.2 -> 4.4 ms; results/h100/selb-steps/)
     selb_part_fp32: bool = False  # block-centric: partial outputs in fp32 (default: the input dtype; bf16 halves the
                                   # partials' traffic: 32/8 heads at 64k, results/h100/selb-bf16/)
     sel_split: int = 4            # decode: programs per row of the selection kernel (blocks split)
