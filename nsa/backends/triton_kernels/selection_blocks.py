@@ -4,7 +4,8 @@ The group-centric kernel (selection.py) loads `n` blocks of keys/values for ever
 group): at G = 1 or 4 each load serves 1 or 4 query heads, so the branch is bound by those
 gathers (at G = 1, 64k tokens, 16 KV heads: ~550 GB from L2). Here the selection is inverted:
 for each (batch, KV head, key block) the list of (query, slot) entries that selected it; one
-program takes a chunk of one list, loads that key block once, and attends the chunk's
+program takes a chunk of one list (up to `Tiles.selb_steps` steps of entries, the next step's
+query rows gathered while one is attended), loads that key block once, and attends the chunk's
 queries x heads to it (rows = entries x heads, causal mask per row), writing each row's
 partial (its output over the block, normalised, and its log-sum-exp) to buffers indexed by the
 entry. A combine kernel then merges the `n` partials of each (query, group), in slot order, and
