@@ -29,14 +29,11 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from nsa import ops
-from nsa.backends.triton_kernels import compressed as C
-from nsa.backends.triton_kernels import scores as SC
-from nsa.backends.triton_kernels.common import LOG2E, _dot
-from nsa.backends.triton_kernels.tiles import current
+from bench.experiments import scores_common as scm
+from bench.experiments.scores_common import _spill_store, _tile_bounds, _tile_rows
+from nsa.backends.triton_kernels.common import _dot
 
 OUT = os.environ.get("OUT", "/tmp")
-res = {}
 
 
 @triton.jit
@@ -110,28 +107,12 @@ def _scores_v(Q, KC, LSE, S, SP,
               HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
               E: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr, BDK: tl.constexpr,
               IEEE: tl.constexpr, MODE: tl.constexpr):
-    pid_k = tl.program_id(0)
-    pid_q = tl.program_id(1)
-    bh = tl.program_id(2)
-    b = (bh // HKV).to(tl.int64)
-    h = bh % HKV
-    t0 = pid_q * BQ
-    c0 = pid_k * BK
-    t_last = q_start + tl.minimum(t0 + BQ, T) - 1
-    vis_last = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
-    if c0 >= vis_last:
+    t0, c0, skip = _tile_bounds(T, Tc, q_start, L, D, BQ, BK)
+    if skip:
         return
-    offs_q = t0 + tl.arange(0, BQ)
-    q_ok = offs_q < T
-    t_abs = q_start + offs_q
-    nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
-    nvis = tl.minimum(nvis, Tc)
-    offs_c = c0 + tl.arange(0, BK)
-    offs_dk = tl.arange(0, BDK)
-    kc = tl.load(KC + b * skb + h * skh + offs_c[:, None] * skt + offs_dk[None, :],
-                 mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
+    b, h, offs_q, q_ok, nvis, offs_c, offs_dk, kc, q_rows = _tile_rows(Q, KC, sqb, sqt, skb, skt, skh, T, Tc,
+                                                                       q_start, t0, c0, HKV, L, D, BQ, BK, DK, BDK)
     kt = tl.trans(kc)
-    q_rows = Q + b * sqb + offs_q[:, None].to(tl.int64) * sqt + offs_dk[None, :]
     acc = tl.zeros([BQ, BK], tl.float32)
     if MODE == 9:
         for g in tl.range(0, G, warp_specialize=True):
@@ -157,16 +138,7 @@ def _scores_v(Q, KC, LSE, S, SP,
             lse2 = tl.load(LSE + b * slb + head * slh + offs_q, mask=q_ok, other=float("inf")) * 1.4426950408889634
             s = _dot(q, kt, IEEE)
             acc += _term(s, lse2, qk_scale2, MODE, g)
-    acc = tl.where((offs_c[None, :] < nvis[:, None]) & q_ok[:, None], acc, 0.0)
-    NBK: tl.constexpr = BK // R
-    tot, nxt = SC._block_map(acc, BQ, NBK, R, E, D)
-    i = tl.arange(0, NBK)
-    jb = c0 // R
-    offs_j = jb + i
-    rows = S + b * ssb + offs_q[:, None].to(tl.int64) * sst + h * ssh
-    spill = tl.sum(tl.where(i[None, :] == NBK - 1, nxt, 0.0), 1)
-    tl.store(rows + offs_j[None, :], tot, mask=q_ok[:, None] & (offs_j[None, :] < NB))
-    tl.store(SP + b * spb + offs_q.to(tl.int64) * spt + h * sph + pid_k, spill, mask=q_ok & (jb + NBK < NB))
+    _spill_store(acc, S, SP, b, h, offs_q, q_ok, nvis, offs_c, c0, ssb, sst, ssh, spb, spt, sph, NB, BQ, BK, R, E, D)
 
 
 @triton.jit
@@ -183,38 +155,15 @@ def _l2read(X, Y, N_CHUNK, CH: tl.constexpr, ITERS: tl.constexpr, W: tl.constexp
 
 
 def scores_exp(T, hq=64, hkv=4):
-    dev, dt = "cuda", torch.bfloat16
-    g = torch.Generator(device=dev).manual_seed(0)
-
-    def r(*s):
-        return torch.randn(*s, device=dev, dtype=dt, generator=g)
-
-    q = r(1, T, hq, 128)
-    k, v = r(1, T, hkv, 128), r(1, T, hkv, 128)
-    kc, vc = ops.compress_kv(k, v, block=32, stride=16)
-    scale = 128 ** -0.5
-    tiles = current(q.device)
-    b, tq, tc = 1, T, kc.shape[1]
-    lse = torch.empty(b, hq, tq, dtype=torch.float32, device=dev)
-    o = torch.empty_like(q)
-    C._launch_lse(q, kc, vc, o, lse, block=32, stride=16, scale=scale, q_start=0, tiles=tiles)
-    rr, e = C._stride_map(32, 16, 64, tiles)
-    nb = (T - 1) // 64 + 1
+    x = scm.inputs(T, hq, hkv)
     out = {}
     ref = None
     for (bq, bk, warps, stages) in ((64, 64, 4, 2), (128, 64, 8, 2), (64, 64, 8, 2), (64, 128, 8, 2), (128, 128, 8, 2)):
-        nbk = bk // rr
-        s_ = torch.zeros(b, tq, hkv, nb, dtype=torch.float32, device=dev)
-        sp_ = torch.zeros(b, tq, hkv, max(triton.cdiv(tc, bk), triton.cdiv(nb, nbk)), dtype=torch.float32, device=dev)
+        s_, sp_ = scm.buffers(x, bk)
         modes = (0, 3, 4, 5, 6, 7, 8, 10, 11, 9) if (bq, bk, warps) == (64, 64, 4) else (0, 5, 8)
         for mode in modes:
             def launch(mode=mode, bq=bq, bk=bk, warps=warps, stages=stages, s_=s_, sp_=sp_):
-                return _scores_v[(triton.cdiv(tc, bk), triton.cdiv(tq, bq), b * hkv)](
-                    q, kc, lse, s_, sp_, q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1),
-                    kc.stride(2), lse.stride(0), lse.stride(1), s_.stride(0), s_.stride(1), s_.stride(2), sp_.stride(0),
-                    sp_.stride(1), sp_.stride(2), tq, tc, nb, 0, scale * LOG2E,
-                    HKV=hkv, G=hq // hkv, L=32, D=16, R=rr, E=e, BQ=bq, BK=bk, DK=128, BDK=128, IEEE=False, MODE=mode,
-                    num_warps=warps, num_stages=stages)
+                return scm.launch(_scores_v, x, s_, sp_, bq, bk, warps, stages, MODE=mode)
             name = f"{bq}x{bk}w{warps}s{stages}m{mode}"
             try:
                 s_.zero_()
@@ -261,8 +210,7 @@ def l2rate():
     return out
 
 
-res["l2_TBps"] = l2rate()
-res["scores_8k"] = scores_exp(8192)
-res["scores_64k"] = scores_exp(65536)
-with open(os.path.join(OUT, "exp2.json"), "w") as f:
-    json.dump(res, f, indent=1)
+if __name__ == "__main__":
+    res = {"l2_TBps": l2rate(), "scores_8k": scores_exp(8192), "scores_64k": scores_exp(65536)}
+    with open(os.path.join(OUT, "exp2.json"), "w") as f:
+        json.dump(res, f, indent=1)

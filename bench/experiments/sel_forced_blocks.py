@@ -30,16 +30,14 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from nsa import ops
+from bench.experiments import scores_common as scm
+from bench.experiments.scores_common import _spill_store, _tile_bounds, _tile_rows
 from nsa.backends import triton_nsa
-from nsa.backends.triton_kernels import compressed as C
 from nsa.backends.triton_kernels import scores as SC
 from nsa.backends.triton_kernels import selection as S
-from nsa.backends.triton_kernels.common import LOG2E, _dot
-from nsa.backends.triton_kernels.tiles import current
+from nsa.backends.triton_kernels.common import _dot
 
 OUT = os.environ.get("OUT", "/tmp")
-res = {}
 
 
 @triton.jit
@@ -49,28 +47,12 @@ def _scores_pp(Q, KC, LSE, S, SP,
                HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
                E: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr, BDK: tl.constexpr,
                IEEE: tl.constexpr, MODE: tl.constexpr):
-    pid_k = tl.program_id(0)
-    pid_q = tl.program_id(1)
-    bh = tl.program_id(2)
-    b = (bh // HKV).to(tl.int64)
-    h = bh % HKV
-    t0 = pid_q * BQ
-    c0 = pid_k * BK
-    t_last = q_start + tl.minimum(t0 + BQ, T) - 1
-    vis_last = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
-    if c0 >= vis_last:
+    t0, c0, skip = _tile_bounds(T, Tc, q_start, L, D, BQ, BK)
+    if skip:
         return
-    offs_q = t0 + tl.arange(0, BQ)
-    q_ok = offs_q < T
-    t_abs = q_start + offs_q
-    nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
-    nvis = tl.minimum(nvis, Tc)
-    offs_c = c0 + tl.arange(0, BK)
-    offs_dk = tl.arange(0, BDK)
-    kc = tl.load(KC + b * skb + h * skh + offs_c[:, None] * skt + offs_dk[None, :],
-                 mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
+    b, h, offs_q, q_ok, nvis, offs_c, offs_dk, kc, q_rows = _tile_rows(Q, KC, sqb, sqt, skb, skt, skh, T, Tc,
+                                                                       q_start, t0, c0, HKV, L, D, BQ, BK, DK, BDK)
     kt = tl.trans(kc)
-    q_rows = Q + b * sqb + offs_q[:, None].to(tl.int64) * sqt + offs_dk[None, :]
     acc = tl.zeros([BQ, BK], tl.float32)
     if MODE == 1:   # software pipelined: the next head's product issued before this head's exp
         head = h * G
@@ -85,7 +67,7 @@ def _scores_pp(Q, KC, LSE, S, SP,
             s = sn
         lse2 = tl.load(LSE + b * slb + (h * G + G - 1) * slh + offs_q, mask=q_ok, other=float("inf")) * 1.4426950408889634
         acc += tl.exp2(s * qk_scale2 - lse2[:, None])
-    else:           # two heads per step: one [2*BQ] product? no: two products then two exps
+    else:           # two heads per step: two products, then two exps
         for g in range(0, G, 2):
             head = h * G + g
             q0 = tl.load(q_rows + head * sqh, mask=q_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
@@ -96,31 +78,15 @@ def _scores_pp(Q, KC, LSE, S, SP,
             l1 = tl.load(LSE + b * slb + (head + 1) * slh + offs_q, mask=q_ok, other=float("inf")) * 1.4426950408889634
             acc += tl.exp2(s0 * qk_scale2 - l0[:, None])
             acc += tl.exp2(s1 * qk_scale2 - l1[:, None])
-    acc = tl.where((offs_c[None, :] < nvis[:, None]) & q_ok[:, None], acc, 0.0)
-    NBK: tl.constexpr = BK // R
-    tot, nxt = SC._block_map(acc, BQ, NBK, R, E, D)
-    i = tl.arange(0, NBK)
-    jb = c0 // R
-    offs_j = jb + i
-    rows = S + b * ssb + offs_q[:, None].to(tl.int64) * sst + h * ssh
-    spill = tl.sum(tl.where(i[None, :] == NBK - 1, nxt, 0.0), 1)
-    tl.store(rows + offs_j[None, :], tot, mask=q_ok[:, None] & (offs_j[None, :] < NB))
-    tl.store(SP + b * spb + offs_q.to(tl.int64) * spt + h * sph + pid_k, spill, mask=q_ok & (jb + NBK < NB))
+    _spill_store(acc, S, SP, b, h, offs_q, q_ok, nvis, offs_c, c0, ssb, sst, ssh, spb, spt, sph, NB, BQ, BK, R, E, D)
 
 
 def run(T, hq=64, hkv=4):
-    dev, dt = "cuda", torch.bfloat16
-    g = torch.Generator(device=dev).manual_seed(0)
-
-    def r(*s):
-        return torch.randn(*s, device=dev, dtype=dt, generator=g)
-
-    q = r(1, T, hq, 128)
-    k, v = r(1, T, hkv, 128), r(1, T, hkv, 128)
-    kc, vc = ops.compress_kv(k, v, block=32, stride=16)
-    scale = 128 ** -0.5
-    o_cmp, idx = triton_nsa.compressed_select(q, kc, vc, block=32, stride=16, sel_block=64, sel_count=16, scale=scale)
-    tiles = current(q.device)
+    x = scm.inputs(T, hq, hkv)
+    q, k, v, scale, tiles = x.q, x.k, x.v, x.scale, x.tiles
+    dev = q.device
+    _, idx = triton_nsa.compressed_select(q, x.kc, x.vc, block=32, stride=16, sel_block=64, sel_count=16,
+                                          scale=scale)
     key = f"{T}-{hq}-{hkv}"
     out = {}
     t = torch.arange(T, device=dev).view(1, T, 1, 1)
@@ -150,47 +116,34 @@ def run(T, hq=64, hkv=4):
 
     out["win"] = do_bench(fw, warmup=5, rep=50, return_mode="median")
     # scores kernel variants on one lse
-    b, tq = 1, T
-    tc = kc.shape[1]
-    lse = torch.empty(b, hq, tq, dtype=torch.float32, device=dev)
-    o = torch.empty_like(q)
-    C._launch_lse(q, kc, vc, o, lse, block=32, stride=16, scale=scale, q_start=0, tiles=tiles)
-    rr, e = C._stride_map(32, 16, 64, tiles)
     bq, bk = tiles.scr_bq, tiles.scr_bk
-    nb = (T - 1) // 64 + 1
-    nbk = bk // rr
-    s_ref = torch.zeros(b, tq, hkv, nb, dtype=torch.float32, device=dev)
-    sp_ref = torch.zeros(b, tq, hkv, max(triton.cdiv(tc, bk), triton.cdiv(nb, nbk)), dtype=torch.float32, device=dev)
+    s_ref, sp_ref = scm.buffers(x, bk)
 
-    def launch(kern, s, sp, warps, stages, **extra):
-        kern[(triton.cdiv(tc, bk), triton.cdiv(tq, bq), b * hkv)](
-            q, kc, lse, s, sp, q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1),
-            kc.stride(2), lse.stride(0), lse.stride(1), s.stride(0), s.stride(1), s.stride(2), sp.stride(0),
-            sp.stride(1), sp.stride(2), tq, tc, nb, 0, scale * LOG2E,
-            HKV=hkv, G=hq // hkv, L=32, D=16, R=rr, E=e, BQ=bq, BK=bk, DK=128, BDK=128, IEEE=False,
-            num_warps=warps, num_stages=stages, **extra)
+    def base():
+        return scm.launch(SC._cmp_scores, x, s_ref, sp_ref, bq, bk, tiles.scr_warps, tiles.scr_stages, SPILL=True)
 
-    launch(SC._cmp_scores, s_ref, sp_ref, tiles.scr_warps, tiles.scr_stages, SPILL=True)
-    out["scr_base"] = do_bench(lambda: launch(SC._cmp_scores, s_ref, sp_ref, tiles.scr_warps, tiles.scr_stages, SPILL=True),
-                               warmup=5, rep=30, return_mode="median")
+    base()
+    out["scr_base"] = do_bench(base, warmup=5, rep=30, return_mode="median")
     for mode in (1, 2):
         for warps, stages in ((4, 2), (4, 3), (8, 2)):
             s2, sp2 = torch.zeros_like(s_ref), torch.zeros_like(sp_ref)
+
+            def variant(s2=s2, sp2=sp2, warps=warps, stages=stages, mode=mode):
+                return scm.launch(_scores_pp, x, s2, sp2, bq, bk, warps, stages, MODE=mode)
+
             try:
-                launch(_scores_pp, s2, sp2, warps, stages, MODE=mode)
+                variant()
                 same_ = bool(torch.equal(s2, s_ref) and torch.equal(sp2, sp_ref))
-                tm = do_bench(lambda s2=s2, sp2=sp2, warps=warps, stages=stages, mode=mode:
-                              launch(_scores_pp, s2, sp2, warps, stages, MODE=mode),
-                              warmup=5, rep=30, return_mode="median")
+                tm = do_bench(variant, warmup=5, rep=30, return_mode="median")
             except Exception as ex:  # noqa: BLE001
                 same_, tm = repr(ex)[:200], None
             out[f"scr_mode{mode}_w{warps}_s{stages}"] = (tm, same_)
             print(key, mode, warps, stages, tm, same_, flush=True)
     print(key, json.dumps(out), flush=True)
-    res[key] = out
+    return out
 
 
-for T in (8192, 65536):
-    run(T)
-with open(os.path.join(OUT, "exp1.json"), "w") as f:
-    json.dump(res, f, indent=1)
+if __name__ == "__main__":
+    res = {f"{T}-64-4": run(T) for T in (8192, 65536)}
+    with open(os.path.join(OUT, "exp1.json"), "w") as f:
+        json.dump(res, f, indent=1)
