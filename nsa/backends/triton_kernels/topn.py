@@ -71,14 +71,21 @@ def _take_top(s, j, N: tl.constexpr):
 
 
 @triton.jit
+def _mono(s):
+    """fp32 scores `s` as int32 in the same order: the bits as signed ints with a negative's
+    magnitude bits flipped, and -0.0 taken as +0.0 (the rule ties them)."""
+    bits = tl.where(s == 0.0, 0.0, s).to(tl.int32, bitcast=True)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
 def _keys(s, j, IB: tl.constexpr):
     """int32 sort keys of scores `s` (+inf forced, -inf not a candidate) at blocks `j` < 2**IB,
     ordered as (score, then the lower index): the score's bits made monotone as signed ints
     (negatives' magnitude bits flipped; -0.0 taken as +0.0), the low IB cleared (truncation
     keeps order: a higher key part means a higher score), then the index field
     `2**IB - 1 - j`. Candidates' keys are distinct and > -2**31 + 1; non-candidates -2**31 + 1."""
-    bits = tl.where(s == 0.0, 0.0, s).to(tl.int32, bitcast=True)
-    mono = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    mono = _mono(s)
     key = ((mono >> IB) << IB) | ((1 << IB) - 1 - j)
     return tl.where(s > float("-inf"), key, -2147483647)
 
@@ -132,9 +139,7 @@ def _top_by_keys64(s, j, N: tl.constexpr, K2: tl.constexpr):
     `N`-th largest key by one bitonic top-`K2` (`K2 = np2(N)`), and every candidate at or above
     it. Fewer than N candidates: all of them. The same set `_take_top` picks, in a sorting
     network instead of N dependent arg-max rounds."""
-    bits = tl.where(s == 0.0, 0.0, s).to(tl.int32, bitcast=True)
-    mono = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)
-    key = (mono << 32) | (4294967295 - j.to(tl.int64))
+    key = (_mono(s).to(tl.int64) << 32) | (4294967295 - j.to(tl.int64))
     key = tl.where(s > float("-inf"), key, -9223372036854775807)
     top = tl.topk(key, K2)
     thr = tl.sum(tl.where(tl.arange(0, K2) == N - 1, top, 0), 0)
