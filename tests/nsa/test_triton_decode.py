@@ -85,15 +85,17 @@ def test_triton_decode_step_matches_oracle(shape, t, seed):
 
 
 @pytest.mark.parametrize("algo", ["filter", "filter-rounds", "argmax"])
-@pytest.mark.parametrize("t", [299, 600])
+@pytest.mark.parametrize("t", [5, 299, 600, 1100])
 def test_triton_decode_topn_algorithms(algo, t, seed):
     """Kernel B's top-n by each algorithm of topn._select_row (the filter with a cap of 16, so a
     row of 64 blocks compacts, then int64 keys and one sort or the arg-max rounds; its scratch
-    follows the score row in the NaN-poisoned scratch)."""
+    follows the score row in the NaN-poisoned scratch). Chunk partials 2 per load, so kernels B
+    and D loop: t = 5 has no compressed token, t = 299 / 600 / 1100 have 2 / 3 / 5 chunks of the
+    CPU profile's 64 compressed keys."""
     base = triton_nsa.current_tiles(DEV)
     q, gates, caches, scale, ref, ref_idx = _step(SHAPES[0], t)
     with triton_nsa.use_tiles(dataclasses.replace(base, dtop_algo=algo.split("-")[0], topn_cap=16,
-                                                  dtop_sort64=algo == "filter")):
+                                                  dtop_sort64=algo == "filter", dec_cb=2)):
         out, idx = triton_nsa.decode_step(q, gates, *caches, t=t, block=L, stride=D, sel_block=SEL, sel_count=N,
                                           window=W, scale=scale)
     assert torch.equal(idx.long().cpu(), ref_idx)

@@ -10,15 +10,17 @@ query per sequence (`q [B, 1, Hq, dk]` at position `t`) is:
                     and its block-score partial: p = exp(logit - m) mapped to selection blocks per
                     head by the stride map of scores.py (own blocks, plus the one block spilled
                     into the next chunk).
-    B  _dec_topn    grid (B*Hkv): each head's lse from the chunks' (m, l), stored for D; the
-                    group scores (Eq. 9-10) as sum over heads and chunks of exp(m_c - lse) *
-                    partial; then the top-n in the same program (topn.py's `_select_row`).
+    B  _dec_topn    grid (1 + dv / dout_cols, B*Hkv): program 0 of a group: each head's lse from
+                    the chunks' (m, l); the group scores (Eq. 9-10) as sum over heads and chunks
+                    of exp(m_c - lse) * partial; then the top-n (topn.py's `_select_row`). The
+                    others: the compressed output, merged from the chunks' partials by columns
+                    (beside the top-n, so not on the chain after it).
     C  _dec_blocks  grid (selected + window programs, B*Hkv): raw-token blocks, all heads of the
                     group as rows: the selected blocks and the window's 64-token blocks, one
                     softmax partial each.
-    D  _dec_out     grid (B*Hkv, dv / dout_cols): merges the compressed (with B's statistics),
-                    selected and window partials and forms the gated sum in fp32, written once
-                    in q's dtype.
+    D  _dec_out     grid (B*Hkv, dv / dout_cols): merges the selected and window partials, takes
+                    B's compressed output and forms the gated sum in fp32, written once in q's
+                    dtype.
 
 On sm90+ B, C and D go by programmatic dependent launch (`Tiles.dec_pdl`): each is launched
 while the one before still runs and waits (`griddepcontrol.wait`) before reading its partials;
@@ -51,7 +53,7 @@ try:   # programmatic dependent launch (sm90+): Triton's grid-dependency-control
 except ImportError:   # pragma: no cover - older Triton: the step runs without it (pdl_ok says so)
     gdc_launch_dependents = gdc_wait = None
 
-WIN_BLOCK = 64   # window keys per program of kernel C
+WIN_BLOCK = 64   # window keys per window program of kernel C
 
 
 def _scratch(n: int, device: torch.device) -> Tensor:
@@ -84,16 +86,25 @@ def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, sqb, sqh, skb, skt, skh, svb, svt, 
              HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr,
              E: tl.constexpr, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
              BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
-    """Chunk `c` = compressed keys `[c*CH, (c+1)*CH)`, visible below `nvis`, for the G heads of one
-    (sequence, KV group): (m, l) -> PML[part, 0/1, g], acc -> PACC[part, g], block-score partial
-    of blocks `c*CH/R + i` -> PSC[part, g, i] and the spill into block `(c+1)*CH/R` -> PSP[part, g]
-    (part = bh * chunks + c)."""
+    """Program (c, bh): chunk `c` of the compressed keys of (sequence, KV group) `bh` (`_chunk_role`)."""
     if PDL:
         gdc_launch_dependents()    # kernel B may start its programs (they wait for this grid)
     c = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-    h = bh % HKV
+    _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, bh % HKV, bh * tl.num_programs(0) + c, c, sqb, sqh, skb, skt, skh,
+                svb, svt, svh, nvis, scale, G, BG, CH, R, E, D, DK, DV, BDK, BDV, IEEE)
+
+
+@triton.jit
+def _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, h, part, c, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis, scale,
+                G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr, E: tl.constexpr,
+                D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+                IEEE: tl.constexpr):
+    """Chunk `c` = compressed keys `[c*CH, (c+1)*CH)`, visible below `nvis`, for the G heads of one
+    (sequence, KV group): (m, l) -> PML[part, 0/1, g], acc -> PACC[part, g], block-score partial
+    of blocks `c*CH/R + i` -> PSC[part, g, i] and the spill into block `(c+1)*CH/R` -> PSP[part, g]
+    (part = bh * chunks + c)."""
     offs_g = tl.arange(0, BG)
     g_ok = offs_g < G
     offs_dk = tl.arange(0, BDK)
@@ -106,7 +117,7 @@ def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, sqb, sqh, skb, skt, skh, svb, svt, 
     # Padded head rows (q = 0) leave the partial empty, so they add nothing to the group's scores.
     m = tl.where(g_ok, m, float("-inf"))
     p = tl.where(g_ok[:, None], p, 0.0)
-    part = (bh * tl.num_programs(0) + c).to(tl.int64)
+    part = part.to(tl.int64)
     tl.store(PML + part * 2 * BG + offs_g, m)
     tl.store(PML + part * 2 * BG + BG + offs_g, tl.sum(p, 1))
     tl.store(PACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc)
@@ -116,6 +127,27 @@ def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, sqb, sqh, skb, skt, skh, svb, svt, 
     i = tl.arange(0, NBK)
     tl.store(PSC + (part * BG + offs_g)[:, None] * NBK + i[None, :], tot)
     tl.store(PSP + part * BG + offs_g, tl.sum(tl.where(i[None, :] == NBK - 1, nxt, 0.0), 1))
+
+
+@triton.jit
+def _window_role(Q, KW, VW, WML, WACC, b, h, part, wblk, sqb, sqh, skwb, skwt, skwh, svwb, svwt, svwh, t, kw_start,
+                 scale, G: tl.constexpr, BG: tl.constexpr, WB: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                 BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr):
+    """Window block `wblk` (positions `wblk*WB ..` within `kw_start .. t`) of the window cache, for
+    the G heads of one (sequence, KV group): its partial (m, l) -> WML[part], acc -> WACC[part]
+    (part = bh * NWP + block). Needs nothing of the other kernels, so it never waits."""
+    offs_g = tl.arange(0, BG)
+    offs_dk = tl.arange(0, BDK)
+    offs_dv = tl.arange(0, BDV)
+    q = tl.load(Q + b * sqb + (h * G + offs_g)[:, None] * sqh + offs_dk[None, :],
+                mask=(offs_g[:, None] < G) & (offs_dk[None, :] < DK), other=0.0)
+    pos_w = wblk * WB + tl.arange(0, WB)
+    m, p_w, acc = _attend_block(q, KW + b * skwb + h * skwh, VW + b * svwb + h * svwh, skwt, svwt, pos_w - kw_start,
+                                (pos_w >= kw_start) & (pos_w <= t), scale, DK, DV, BDK, BDV, IEEE)
+    part = part.to(tl.int64)
+    tl.store(WML + part * 2 * BG + offs_g, m)
+    tl.store(WML + part * 2 * BG + BG + offs_g, tl.sum(p_w, 1))
+    tl.store(WACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc)
 
 
 @triton.jit
@@ -139,25 +171,42 @@ def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constex
 
 
 @triton.jit
-def _dec_topn(PML, PSC, PSP, S, IDX, LS, sib, sih, nch, NB, cur,
+def _dec_topn(PML, PACC, PSC, PSP, S, IDX, OC, sib, sih, nch, NB, cur,
               NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, BG: tl.constexpr,
               NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
               ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
-              SORT64: tl.constexpr, PDL: tl.constexpr):
-    """Per (sequence, KV group): lse per head; group scores of blocks [0, NB) -> S[bh] (fp32):
-    block `c*NBK + i` gets sum_h exp(m_c,h - lse_h) * PSC[c, h, i], plus chunk c-1's spill at
-    i = 0; then their top N under the spec's rules -> IDX[b, 0, h, :]."""
+              SORT64: tl.constexpr, DVC: tl.constexpr, BDV: tl.constexpr, PDL: tl.constexpr):
+    """Per (sequence, KV group) `bh`, program `r` of axis 0:
+    r = 0: lse per head; group scores of blocks [0, NB) -> S[bh] (fp32): block `c*NBK + i` gets
+           sum_h exp(m_c,h - lse_h) * PSC[c, h, i], plus chunk c-1's spill at i = 0; then their
+           top N under the spec's rules -> IDX[b, 0, h, :].
+    r >= 1: the compressed output's columns `(r-1)*DVC ..` merged from kernel A's chunk partials,
+           normalised (fp32) -> OC[bh] (`_cmp_merge_role`); done here, beside the top-n, rather
+           than in kernel D, it leaves the chain after A (results/h100/decode-chain/)."""
     if PDL:
-        gdc_launch_dependents()    # kernel C's window programs need nothing from here
-        gdc_wait()                 # kernel A's partials are complete and visible
-    bh = tl.program_id(0)
+        gdc_launch_dependents()    # kernel C may start its programs (they wait for this grid)
+    r = tl.program_id(0)
+    bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
     h = bh % HKV
+    if PDL:
+        gdc_wait()                 # kernel A's partials are complete and visible
+    if r == 0:
+        _topn_role(PML, PSC, PSP, S, IDX + b * sib + h * sih, bh, nch, NB, cur, NCH_HOST, DYN, BG, NBK, SW, N, BN, CB,
+                   ALGO, IB, K2, CW, CAP, SORT64)
+    else:
+        _cmp_merge_role(PML, PACC, OC, bh, r - 1, nch, NCH_HOST, DYN, BG, BDV, CB, DVC)
+
+
+@triton.jit
+def _topn_role(PML, PSC, PSP, S, out, bh, nch, NB, cur, NCH_HOST: tl.constexpr, DYN: tl.constexpr, BG: tl.constexpr,
+               NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
+               ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
+               SORT64: tl.constexpr):
+    """Kernel B, r = 0: lse per head, the group's score row in S[bh], its top N -> `out`."""
     offs_g = tl.arange(0, BG)
     base = bh * nch
     m_run, l_run = _chunk_stats(PML, base, nch, offs_g, NCH_HOST, DYN, BG, CB)
-    tl.store(LS + bh * 2 * BG + offs_g, m_run)              # for kernel D's compressed merge
-    tl.store(LS + bh * 2 * BG + BG + offs_g, l_run)
     # exp(m - lse): lse = +inf for a row that sees nothing (and the padded heads), so 0 there.
     lse = tl.where(l_run == 0.0, float("inf"),
                    tl.where(m_run == float("-inf"), 0.0, m_run) + tl.log(tl.where(l_run == 0.0, 1.0, l_run)))
@@ -184,47 +233,74 @@ def _dec_topn(PML, PSC, PSP, S, IDX, LS, sib, sih, nch, NB, cur,
     tl.store(srow + jz, tl.zeros([SW], tl.float32), mask=jz >= (nch + 1) * NBK)   # past every chunk: 0
     tl.debug_barrier()
     s = _row_scores(srow, srow, jz, NB, cur, 0)
-    _select_row(srow, srow, s, jz, NB, cur, IDX + b * sib + h * sih, srow + SW, N, BN, ALGO, IB, K2, CW, CAP, 0,
-                SORT64)
+    _select_row(srow, srow, s, jz, NB, cur, out, srow + SW, N, BN, ALGO, IB, K2, CW, CAP, 0, SORT64)
 
 
 @triton.jit
-def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh,
-                skwb, skwt, skwh, svwb, svwt, svwh, sib, sih, t, len_sel, kw_start, scale,
-                HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, N_SEL: tl.constexpr, NSPL: tl.constexpr,
-                SEL: tl.constexpr, WB: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
-    """Program p < NSPL: selected block slot p of IDX[b, 0, h] over the raw cache (positions
-    `<= t`); p >= NSPL: window block `kw_start // WB + p - NSPL` of the window cache (positions
-    `kw_start .. t`). Each writes its partial (m, l) -> PML[part], acc -> PACC[part]."""
+def _cmp_merge_role(PML, PACC, OC, bh, col, nch, NCH_HOST: tl.constexpr, DYN: tl.constexpr, BG: tl.constexpr,
+                    BDV: tl.constexpr, CB: tl.constexpr, DVC: tl.constexpr):
+    """Kernel B, r >= 1: compressed output columns `col*DVC ..` from kernel A's chunk
+    partials, normalised (fp32) -> OC[bh]."""
+    offs_g = tl.arange(0, BG)
+    offs_v = col * DVC + tl.arange(0, DVC)
+    base = bh * nch
+    m_run, l_run = _chunk_stats(PML, base, nch, offs_g, NCH_HOST, DYN, BG, CB)
+    ms = tl.where(m_run == float("-inf"), 0.0, m_run)
+    cc = tl.arange(0, CB)
+    acc = tl.zeros([BG, DVC], tl.float32)
+    for c0 in range(0, nch if DYN else NCH_HOST, CB):
+        c = c0 + cc
+        part = (base + c).to(tl.int64)
+        m = tl.load(PML + (part * 2)[:, None] * BG + offs_g[None, :], mask=(c < nch)[:, None], other=float("-inf"))
+        a = tl.load(PACC + (part[:, None, None] * BG + offs_g[None, :, None]) * BDV + offs_v[None, None, :],
+                    mask=(c < nch)[:, None, None], other=0.0)
+        acc += tl.sum(tl.exp(m - ms[None, :])[:, :, None] * a, 0)
+    o_cmp = acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]
+    tl.store(OC + (bh * BG + offs_g)[:, None] * BDV + offs_v[None, :], o_cmp)
+
+
+@triton.jit
+def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, skwb, skwt,
+                skwh, svwb, svwt, svwh, sib, sih, t, len_sel, kw_start, scale,
+                HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
+                WB: tl.constexpr, NWP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
+                BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+    """Program p < N_SEL: selected block slot p of IDX[b, 0, h] over the raw cache (positions
+    `<= t`): its partial (m, l) -> PML[part], acc -> PACC[part].
+    p >= N_SEL: window block `p - N_SEL` (`_window_role`; it needs nothing of B and does not wait)."""
     if PDL:
         gdc_launch_dependents()    # kernel D may start its programs (they wait for this grid)
     p = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
     h = bh % HKV
+    if p < N_SEL:
+        _selected_role(Q, KS, VS, IDX, PML, PACC, b, h, bh * N_SEL + p, p, sqb, sqh, sksb, skst, sksh, svsb, svst,
+                       svsh, sib, sih, t, len_sel, scale, G, BG, SEL, DK, DV, BDK, BDV, IEEE, PDL)
+    else:
+        _window_role(Q, KW, VW, WML, WACC, b, h, bh * NWP + p - N_SEL, kw_start // WB + p - N_SEL, sqb, sqh, skwb,
+                     skwt, skwh, svwb, svwt, svwh, t, kw_start, scale, G, BG, WB, DK, DV, BDK, BDV, IEEE)
+
+
+@triton.jit
+def _selected_role(Q, KS, VS, IDX, PML, PACC, b, h, part, slot, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, sib, sih,
+                   t, len_sel, scale, G: tl.constexpr, BG: tl.constexpr, SEL: tl.constexpr, DK: tl.constexpr,
+                   DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+    """Selected block `slot` of IDX[b, 0, h] (-1: empty) over the raw cache, positions `<= t`."""
     offs_g = tl.arange(0, BG)
     offs_dk = tl.arange(0, BDK)
     offs_dv = tl.arange(0, BDV)
     q = tl.load(Q + b * sqb + (h * G + offs_g)[:, None] * sqh + offs_dk[None, :],
                 mask=(offs_g[:, None] < G) & (offs_dk[None, :] < DK), other=0.0)
-    if p < NSPL:
-        if PDL:
-            gdc_wait()             # kernel B's block indices (and, through B's wait, A's partials)
-        blk = tl.load(IDX + b * sib + h * sih + p, mask=p < N_SEL, other=-1)
-        pos_s = blk * SEL + tl.arange(0, SEL)
-        m, p_s, acc = _attend_block(q, KS + b * sksb + h * sksh, VS + b * svsb + h * svsh, skst, svst, pos_s,
-                                    (blk >= 0) & (pos_s <= t) & (pos_s < len_sel), scale, DK, DV, BDK, BDV, IEEE)
-        den = tl.sum(p_s, 1)   # p has the block's width: it must not leave the branch (SEL != WB)
-    else:
-        pos_w = (kw_start // WB + p - NSPL) * WB + tl.arange(0, WB)
-        m, p_w, acc = _attend_block(q, KW + b * skwb + h * skwh, VW + b * svwb + h * svwh, skwt, svwt,
-                                    pos_w - kw_start, (pos_w >= kw_start) & (pos_w <= t), scale, DK, DV, BDK, BDV,
-                                    IEEE)
-        den = tl.sum(p_w, 1)
-    part = (bh * tl.num_programs(0) + p).to(tl.int64)
+    if PDL:
+        gdc_wait()                 # kernel B's block indices (and, through B's wait, A's partials)
+    blk = tl.load(IDX + b * sib + h * sih + slot)
+    pos_s = blk * SEL + tl.arange(0, SEL)
+    m, p_s, acc = _attend_block(q, KS + b * sksb + h * sksh, VS + b * svsb + h * svsh, skst, svst, pos_s,
+                                (blk >= 0) & (pos_s <= t) & (pos_s < len_sel), scale, DK, DV, BDK, BDV, IEEE)
+    part = part.to(tl.int64)
     tl.store(PML + part * 2 * BG + offs_g, m)
-    tl.store(PML + part * 2 * BG + BG + offs_g, den)
+    tl.store(PML + part * 2 * BG + BG + offs_g, tl.sum(p_s, 1))
     tl.store(PACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc)
 
 
@@ -248,36 +324,23 @@ def _merge_static(PML, PACC, first, offs_g, offs_v, N: tl.constexpr, NP: tl.cons
 
 
 @triton.jit
-def _dec_out(PML, PACC, LS, BML, BACC, GT, Out, sgb, sgh, sgc, sob, soh, nch,
-             NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr,
-             NSPL: tl.constexpr, NWP: tl.constexpr, NPS: tl.constexpr, NPW: tl.constexpr, DV: tl.constexpr,
-             BDV: tl.constexpr, CB: tl.constexpr, DVC: tl.constexpr, PDL: tl.constexpr):
-    """Per (sequence, KV group, DVC output columns): compressed, selected and window outputs from
-    their partials, then `g_cmp * o_cmp + g_sel * o_sel + g_win * o_win` in fp32 -> Out[b, 0, heads]."""
+def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, sgb, sgh, sgc, sob, soh,
+             HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, NSPL: tl.constexpr, NWP: tl.constexpr,
+             NPS: tl.constexpr, NPW: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, DVC: tl.constexpr,
+             PDL: tl.constexpr):
+    """Per (sequence, KV group, DVC output columns): the compressed output (kernel B's merge), the
+    selected (kernel C's partials) and window (kernel B's partials) outputs merged, then
+    `g_cmp * o_cmp + g_sel * o_sel + g_win * o_win` in fp32 -> Out[b, 0, heads]."""
     if PDL:
-        gdc_wait()                 # kernel C's partials; A's through C's selected programs' wait
+        gdc_wait()                 # kernel C's partials; B's through C's wait
     bh = tl.program_id(0)
     b = (bh // HKV).to(tl.int64)
     h = bh % HKV
     offs_g = tl.arange(0, BG)
     offs_v = tl.program_id(1) * DVC + tl.arange(0, DVC)
-    base = bh * nch
-    m_run = tl.load(LS + bh * 2 * BG + offs_g)               # kernel B's (max, sum) over the chunks
-    l_run = tl.load(LS + bh * 2 * BG + BG + offs_g)
-    ms = tl.where(m_run == float("-inf"), 0.0, m_run)
-    cc = tl.arange(0, CB)
-    acc = tl.zeros([BG, DVC], tl.float32)
-    for c0 in range(0, nch if DYN else NCH_HOST, CB):
-        c = c0 + cc
-        part = (base + c).to(tl.int64)
-        m = tl.load(PML + (part * 2)[:, None] * BG + offs_g[None, :], mask=(c < nch)[:, None], other=float("-inf"))
-        a = tl.load(PACC + (part[:, None, None] * BG + offs_g[None, :, None]) * BDV + offs_v[None, None, :],
-                    mask=(c < nch)[:, None, None], other=0.0)
-        acc += tl.sum(tl.exp(m - ms[None, :])[:, :, None] * a, 0)
-    o_cmp = acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]
-    first = bh * (NSPL + NWP)
-    o_sel = _merge_static(BML, BACC, first, offs_g, offs_v, NSPL, NPS, BG, BDV)
-    o_win = _merge_static(BML, BACC, first + NSPL, offs_g, offs_v, NWP, NPW, BG, BDV)
+    o_cmp = tl.load(OC + (bh * BG + offs_g)[:, None] * BDV + offs_v[None, :])
+    o_sel = _merge_static(BML, BACC, bh * NSPL, offs_g, offs_v, NSPL, NPS, BG, BDV)
+    o_win = _merge_static(WML, WACC, bh * NWP, offs_g, offs_v, NWP, NPW, BG, BDV)
     g_ok = offs_g < G
     heads = h * G + offs_g
     o = _gate_sum(o_cmp, o_sel, o_win, GT + b * sgb + heads * sgh, g_ok, sgc)
@@ -358,24 +421,26 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     idx = torch.empty(b, 1, hkv, sel_count, dtype=torch.int32, device=dev)
     host = interpreting()
     loop = dict(NCH_HOST=nch if host else 0, DYN=not host)
-    ls = _scratch(bh * 2 * bg, dev)
-    _dec_topn[(bh,)](pml, psc, psp, s, idx, ls, idx.stride(0), idx.stride(2), nch, nb, cur, **loop, HKV=hkv, BG=bg,
-                     NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count), CB=tiles.dec_cb,
-                     **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap, tiles.topn_nchunk, tiles.dtop_sort64),
-                     PDL=pdl, **launch_pdl,
-                     num_warps=tiles.dtop_warps)
+    ncol = bdv // dvc
+    oc = _scratch(bh * bg * bdv, dev)
+    _dec_topn[(1 + ncol, bh)](pml, pacc, psc, psp, s, idx, oc, idx.stride(0), idx.stride(2), nch, nb, cur, **loop,
+                              HKV=hkv, BG=bg, NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count), CB=tiles.dec_cb,
+                              **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap, tiles.topn_nchunk,
+                                            tiles.dtop_sort64),
+                              DVC=dvc, BDV=bdv, PDL=pdl, **launch_pdl, num_warps=tiles.dtop_warps)
     nwp = triton.cdiv(window, WIN_BLOCK) + 1        # blocks the window can touch (a fixed count: no recompiles)
-    bml, bacc = _scratch(bh * (sel_count + nwp) * 2 * bg, dev), _scratch(bh * (sel_count + nwp) * bg * bdv, dev)
+    bml, bacc = _scratch(bh * sel_count * 2 * bg, dev), _scratch(bh * sel_count * bg * bdv, dev)
+    wml, wacc = _scratch(bh * nwp * 2 * bg, dev), _scratch(bh * nwp * bg * bdv, dev)
     _dec_blocks[(sel_count + nwp, bh)](
-        q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, q.stride(0), q.stride(2), k_sel.stride(0), k_sel.stride(1),
-        k_sel.stride(2), v_sel.stride(0), v_sel.stride(1), v_sel.stride(2), k_win.stride(0), k_win.stride(1),
-        k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2), idx.stride(0), idx.stride(2), t,
-        k_sel.shape[1], t + 1 - k_win.shape[1], scale,
-        HKV=hkv, G=group, BG=bg, N_SEL=sel_count, NSPL=sel_count, SEL=sel_block, WB=WIN_BLOCK, DK=dk, DV=dv,
-        BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, **launch_pdl, **tiles.launch("dblk"))
+        q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, q.stride(0), q.stride(2), k_sel.stride(0),
+        k_sel.stride(1), k_sel.stride(2), v_sel.stride(0), v_sel.stride(1), v_sel.stride(2), k_win.stride(0),
+        k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2), idx.stride(0),
+        idx.stride(2), t, k_sel.shape[1], t + 1 - k_win.shape[1], scale, HKV=hkv, G=group, BG=bg, N_SEL=sel_count,
+        SEL=sel_block, WB=WIN_BLOCK, NWP=nwp, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, **launch_pdl,
+        **tiles.launch("dblk"))
     out = common.empty_out(b, 1, hq, dv, dtype=q.dtype, device=dev)
-    _dec_out[(bh, bdv // dvc)](pml, pacc, ls, bml, bacc, gates, out, gates.stride(0), gates.stride(2), gates.stride(3),
-                               out.stride(0), out.stride(2), nch, **loop, HKV=hkv, G=group, BG=bg, NSPL=sel_count,
-                               NWP=nwp, NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv, BDV=bdv, CB=tiles.dec_cb,
-                               DVC=dvc, PDL=pdl, **launch_pdl, num_warps=tiles.dout_warps)
+    _dec_out[(bh, ncol)](oc, bml, bacc, wml, wacc, gates, out, gates.stride(0), gates.stride(2), gates.stride(3),
+                         out.stride(0), out.stride(2), HKV=hkv, G=group, BG=bg, NSPL=sel_count, NWP=nwp,
+                         NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv, BDV=bdv, DVC=dvc, PDL=pdl, **launch_pdl,
+                         num_warps=tiles.dout_warps)
     return out, idx
