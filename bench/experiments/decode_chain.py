@@ -104,10 +104,11 @@ def main() -> int:
     ap.add_argument("--S", default="8192,65536", help="cache lengths, comma-separated")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--variants", default=None, help="JSON list of Tiles overrides (default: VARIANTS)")
-    ap.add_argument("--prev", default=None, help="also time this copy of an earlier decode.py (same kernel names), "
-                    "called directly with the default tiles, as variant 'prev'")
+    ap.add_argument("--prev", default=None, help="also time this copy of an earlier decode.py (same kernel "
+                    "names), called directly with the default tiles, as variant 'prev'")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--device", default="cuda", help="cpu: a check of the script under TRITON_INTERPRET=1 (fp32)")
+    ap.add_argument("--device", default="cuda",
+                    help="cpu: a check of the script under TRITON_INTERPRET=1 (fp32)")
     args = ap.parse_args()
     variants = json.loads(args.variants) if args.variants else VARIANTS
     prev = None
@@ -117,7 +118,8 @@ def main() -> int:
         spec.loader.exec_module(prev)
     dev, b = args.device, args.batch
     base = current(dev)
-    report = {"gpu": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "batch": b, "variants": variants, "cells": []}
+    gpu = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+    report = {"gpu": gpu, "batch": b, "variants": variants, "cells": []}
     for t in (int(x) for x in args.S.split(",")):
         cell = _cell(t, b, dev, base, variants, prev, report["gpu"])
         if cell is None:
