@@ -31,8 +31,8 @@ def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
     def nan_out(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
-    def nan_scratch(n: int, device: torch.device) -> torch.Tensor:
-        return torch.full((n,), float("nan"), dtype=torch.float32, device=device)
+    def nan_scratch(n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.full((n,), float("nan"), dtype=dtype, device=device)
 
     monkeypatch.setattr(common, "empty_out", nan_out)
     monkeypatch.setattr(triton_dec, "_scratch", nan_scratch)
@@ -148,12 +148,14 @@ def test_triton_decode_step_rejects_bad_input():
 
 @pytest.mark.skipif(DEV != "cuda", reason="bf16 tensor-core path needs CUDA")
 @pytest.mark.gpu
+@pytest.mark.parametrize("part_fp32", [False, True], ids=["bf16-partials", "fp32-partials"])
 @pytest.mark.parametrize("dk", [128, 192])
-def test_triton_decode_step_bf16_paper_sizes_on_gpu(dk, seed):
-    """bf16, the paper's l/d/l'/n/w and 64/4 heads at t = 5000 (several chunks of 256 compressed
+def test_triton_decode_step_bf16_paper_sizes_on_gpu(dk, part_fp32, seed):
+    """bf16, the paper's l/d/l'/n/w and 64/4 heads at t = 5000 (several chunks of 128 compressed
     keys on the H100 profile): the output within 2x the separate-op path's error of the oracle,
-    and the blocks the separate-op path picks (both score in fp32 from the same logits, summed in
-    different orders: a set may differ only at a near-tie of the fp64 scores)."""
+    with the partial outputs in bf16 (the default) or fp32 (Tiles.dec_part_fp32), and the blocks
+    the separate-op path picks (both score in fp32 from the same logits, summed in different
+    orders: a set may differ only at a near-tie of the fp64 scores)."""
     b, hq, hkv, dv, t = 2, 64, 4, 128, 5000
     cfg = NSAConfig(dim=256, n_heads=hq, n_kv_heads=hkv, head_dim_qk=dk, head_dim_v=dv, cmp_block=32, cmp_stride=16,
                     sel_block=64, sel_count=16, window=512)
@@ -170,7 +172,7 @@ def test_triton_decode_step_bf16_paper_sizes_on_gpu(dk, seed):
         base = triton_nsa.current_tiles(DEV)
         outs = {}
         for fused in (True, False):
-            with triton_nsa.use_tiles(dataclasses.replace(base, dec_fused=fused)):
+            with triton_nsa.use_tiles(dataclasses.replace(base, dec_fused=fused, dec_part_fp32=part_fp32)):
                 outs[fused] = (m.decode_attend(q, gates, cache), cache.reads.sel_blocks.clone())
         k_s, v_s = (buf.view() for buf in cache.raw[m._kv_name("sel")])
         k_w, v_w = (buf.view(512) for buf in cache.raw[m._kv_name("win")])   # positions t - 511 .. t

@@ -56,10 +56,10 @@ except ImportError:   # pragma: no cover - older Triton: the step runs without i
 WIN_BLOCK = 64   # window keys per window program of kernel C
 
 
-def _scratch(n: int, device: torch.device) -> Tensor:
-    """fp32 scratch of the step (partials, scores): every element read is written first (tests
-    fill it with NaN to hold the kernels to that)."""
-    return torch.empty(max(n, 1), dtype=torch.float32, device=device)
+def _scratch(n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Scratch of the step (partials, scores; fp32 unless `dtype`): every element read is written
+    first (tests fill it with NaN to hold the kernels to that)."""
+    return torch.empty(max(n, 1), dtype=dtype, device=device)
 
 
 @triton.jit
@@ -120,7 +120,7 @@ def _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, h, part, c, sqb, sqh, skb, sk
     part = part.to(tl.int64)
     tl.store(PML + part * 2 * BG + offs_g, m)
     tl.store(PML + part * 2 * BG + BG + offs_g, tl.sum(p, 1))
-    tl.store(PACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc)
+    tl.store(PACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc.to(PACC.dtype.element_ty))
     # Block map (scores.py): token jR + r gives D*min(R-r, E) to block j, D*max(0, r+E-R) to j+1.
     NBK: tl.constexpr = CH // R
     tot, nxt = _block_map(p, BG, NBK, R, E, D)
@@ -147,7 +147,7 @@ def _window_role(Q, KW, VW, WML, WACC, b, h, part, wblk, sqb, sqh, skwb, skwt, s
     part = part.to(tl.int64)
     tl.store(WML + part * 2 * BG + offs_g, m)
     tl.store(WML + part * 2 * BG + BG + offs_g, tl.sum(p_w, 1))
-    tl.store(WACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc)
+    tl.store(WACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc.to(WACC.dtype.element_ty))
 
 
 @triton.jit
@@ -253,7 +253,7 @@ def _cmp_merge_role(PML, PACC, OC, bh, col, nch, NCH_HOST: tl.constexpr, DYN: tl
         part = (base + c).to(tl.int64)
         m = tl.load(PML + (part * 2)[:, None] * BG + offs_g[None, :], mask=(c < nch)[:, None], other=float("-inf"))
         a = tl.load(PACC + (part[:, None, None] * BG + offs_g[None, :, None]) * BDV + offs_v[None, None, :],
-                    mask=(c < nch)[:, None, None], other=0.0)
+                    mask=(c < nch)[:, None, None], other=0.0).to(tl.float32)
         acc += tl.sum(tl.exp(m - ms[None, :])[:, :, None] * a, 0)
     o_cmp = acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]
     tl.store(OC + (bh * BG + offs_g)[:, None] * BDV + offs_v[None, :], o_cmp)
@@ -301,7 +301,7 @@ def _selected_role(Q, KS, VS, IDX, PML, PACC, b, h, part, slot, sqb, sqh, sksb, 
     part = part.to(tl.int64)
     tl.store(PML + part * 2 * BG + offs_g, m)
     tl.store(PML + part * 2 * BG + BG + offs_g, tl.sum(p_s, 1))
-    tl.store(PACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc)
+    tl.store(PACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc.to(PACC.dtype.element_ty))
 
 
 @triton.jit
@@ -319,7 +319,7 @@ def _merge_static(PML, PACC, first, offs_g, offs_v, N: tl.constexpr, NP: tl.cons
     w = tl.exp(m - tl.where(mx == float("-inf"), 0.0, mx)[None, :])
     l_tot = tl.sum(w * den, 0)
     a = tl.load(PACC + (part[:, None, None] * BG + offs_g[None, :, None]) * BDV + offs_v[None, None, :],
-                mask=ok[:, None, None], other=0.0)
+                mask=ok[:, None, None], other=0.0).to(tl.float32)
     return tl.sum(w[:, :, None] * a, 0) / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
 
 
@@ -408,7 +408,9 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     nbk = ch // r
     nvis = min(tc, max(0, (t + 1 - block) // stride + 1))
     nch = triton.cdiv(nvis, ch)
-    pml, pacc = _scratch(bh * nch * 2 * bg, dev), _scratch(bh * nch * bg * bdv, dev)
+    # Partial outputs (unnormalised acc) in q's dtype unless Tiles.dec_part_fp32; (m, l) and scores fp32.
+    pdt = torch.float32 if tiles.dec_part_fp32 else q.dtype
+    pml, pacc = _scratch(bh * nch * 2 * bg, dev), _scratch(bh * nch * bg * bdv, dev, pdt)
     psc, psp = _scratch(bh * nch * bg * nbk, dev), _scratch(bh * nch * bg, dev)
     if nch:
         _dec_cmp[(nch, bh)](q, k_cmp, v_cmp, pml, pacc, psc, psp, q.stride(0), q.stride(2), k_cmp.stride(0),
@@ -429,8 +431,8 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
                                             tiles.dtop_sort64),
                               DVC=dvc, BDV=bdv, PDL=pdl, **launch_pdl, num_warps=tiles.dtop_warps)
     nwp = triton.cdiv(window, WIN_BLOCK) + 1        # blocks the window can touch (a fixed count: no recompiles)
-    bml, bacc = _scratch(bh * sel_count * 2 * bg, dev), _scratch(bh * sel_count * bg * bdv, dev)
-    wml, wacc = _scratch(bh * nwp * 2 * bg, dev), _scratch(bh * nwp * bg * bdv, dev)
+    bml, bacc = _scratch(bh * sel_count * 2 * bg, dev), _scratch(bh * sel_count * bg * bdv, dev, pdt)
+    wml, wacc = _scratch(bh * nwp * 2 * bg, dev), _scratch(bh * nwp * bg * bdv, dev, pdt)
     _dec_blocks[(sel_count + nwp, bh)](
         q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, q.stride(0), q.stride(2), k_sel.stride(0),
         k_sel.stride(1), k_sel.stride(2), v_sel.stride(0), v_sel.stride(1), v_sel.stride(2), k_win.stride(0),

@@ -78,6 +78,7 @@ class Tiles:
     dec_fused: bool = True        # decode: the whole step in four launches (decode.py) where it applies
     dec_pdl: bool = True          # decode.py: kernels B, C, D by programmatic dependent launch (sm90+)
     dec_chunk: int = 128          # decode.py kernel A: compressed keys per program (one tile; >= 16 blocks)
+    dec_part_fp32: bool = False   # decode.py: partial outputs in fp32 (default: the input dtype, as selb_part_fp32)
     dec_warps: int = 4
     dec_stages: int | None = None
     dtop_warps: int = 4           # decode.py kernel B (lse, scores, top-n)
@@ -98,7 +99,7 @@ class Tiles:
                     raise ValueError(f"Tiles.{f.name} must be one of {TOPN_ALGOS}, got {value!r}")
                 continue
             if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64",
-                          "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1"):
+                          "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
