@@ -30,7 +30,9 @@ kernels wrote, and those do not signal dependents, so A is launched normally.
 Partials are merged `Tiles.dec_cb` per vector load (a loop of dependent loads, one L2 round trip
 each, costs more than the bytes: an unrolled 2-D variant measured 2x slower in B and D).
 Scores are fp32 like the prefill kernels (docs/nsa.md, "Precision"): p relative to the chunk's
-max, rescaled by exp(m_c - lse), is exp(logit - lse) up to fp32 rounding. `supported` sends
+max, rescaled by exp(m_c - lse), is exp(logit - lse) up to fp32 rounding. The partial outputs
+(unnormalised acc) are stored in q's dtype, (m, l) in fp32 (docs/nsa.md, "Decode";
+`Tiles.dec_part_fp32` keeps fp32). `supported` sends
 other block geometries to the separate-op path; `Tiles.dec_fused = False` forces that path.
 """
 
@@ -390,9 +392,9 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     """The gated NSA output `[B, 1, Hq, dv]` of the query at position `t` and its selected blocks
     `[B, 1, Hkv, sel_count]` (int32, ascending, -1 padded). Caches: compressed `k_cmp/v_cmp [B, Tc,
     Hkv, *]` (tokens `0 ..`), raw `k_sel/v_sel [B, >= t+1, Hkv, *]` (positions `0 ..`), window
-    `k_win/v_win [B, nw, Hkv, *]` (positions `t+1-nw .. t`, `nw <= window`). Scratch: fp32
-    partials, about `B*Hkv*16*(dv + l'/d ... )` floats per chunk; no host sync (capturable in a
-    CUDA graph)."""
+    `k_win/v_win [B, nw, Hkv, *]` (positions `t+1-nw .. t`, `nw <= window`). Scratch: partials
+    of about `B*Hkv*16*(dv + l'/d ...)` elements per chunk and block (acc in q's dtype, the rest
+    fp32); no host sync (capturable in a CUDA graph)."""
     b, _, hq, dk = q.shape
     hkv, dv, tc = k_sel.shape[2], v_sel.shape[-1], k_cmp.shape[1]
     q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = unit_last_stride(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win)
