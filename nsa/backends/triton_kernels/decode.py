@@ -84,6 +84,26 @@ def _attend_block(q, Kb, Vb, skt, svt, kpos, valid, scale,
 
 
 @triton.jit
+def _group_q(Q, b, h, sqb, sqh, G: tl.constexpr, BG: tl.constexpr, DK: tl.constexpr, BDK: tl.constexpr):
+    """The query rows of the G heads of KV group `h` of sequence `b` (padded rows 0)."""
+    offs_g = tl.arange(0, BG)
+    offs_dk = tl.arange(0, BDK)
+    return tl.load(Q + b * sqb + (h * G + offs_g)[:, None] * sqh + offs_dk[None, :],
+                   mask=(offs_g[:, None] < G) & (offs_dk[None, :] < DK), other=0.0)
+
+
+@triton.jit
+def _store_partial(PML, PACC, part, m, den, acc, BG: tl.constexpr, BDV: tl.constexpr):
+    """Partial `part`: (row max m, row sum den) -> PML[part, 0/1] (fp32), acc -> PACC[part] (its dtype)."""
+    offs_g = tl.arange(0, BG)
+    offs_dv = tl.arange(0, BDV)
+    part = part.to(tl.int64)
+    tl.store(PML + part * 2 * BG + offs_g, m)
+    tl.store(PML + part * 2 * BG + BG + offs_g, den)
+    tl.store(PACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc.to(PACC.dtype.element_ty))
+
+
+@triton.jit
 def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis, scale,
              HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr,
              E: tl.constexpr, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
@@ -109,20 +129,15 @@ def _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, h, part, c, sqb, sqh, skb, sk
     (part = bh * chunks + c)."""
     offs_g = tl.arange(0, BG)
     g_ok = offs_g < G
-    offs_dk = tl.arange(0, BDK)
-    offs_dv = tl.arange(0, BDV)
-    q = tl.load(Q + b * sqb + (h * G + offs_g)[:, None] * sqh + offs_dk[None, :],
-                mask=g_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    q = _group_q(Q, b, h, sqb, sqh, G, BG, DK, BDK)
     offs_c = c * CH + tl.arange(0, CH)
     m, p, acc = _attend_block(q, KC + b * skb + h * skh, VC + b * svb + h * svh, skt, svt, offs_c, offs_c < nvis,
                               scale, DK, DV, BDK, BDV, IEEE)
     # Padded head rows (q = 0) leave the partial empty, so they add nothing to the group's scores.
     m = tl.where(g_ok, m, float("-inf"))
     p = tl.where(g_ok[:, None], p, 0.0)
+    _store_partial(PML, PACC, part, m, tl.sum(p, 1), acc, BG, BDV)
     part = part.to(tl.int64)
-    tl.store(PML + part * 2 * BG + offs_g, m)
-    tl.store(PML + part * 2 * BG + BG + offs_g, tl.sum(p, 1))
-    tl.store(PACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc.to(PACC.dtype.element_ty))
     # Block map (scores.py): token jR + r gives D*min(R-r, E) to block j, D*max(0, r+E-R) to j+1.
     NBK: tl.constexpr = CH // R
     tot, nxt = _block_map(p, BG, NBK, R, E, D)
@@ -138,18 +153,11 @@ def _window_role(Q, KW, VW, WML, WACC, b, h, part, wblk, sqb, sqh, skwb, skwt, s
     """Window block `wblk` (positions `wblk*WB ..` within `kw_start .. t`) of the window cache, for
     the G heads of one (sequence, KV group): its partial (m, l) -> WML[part], acc -> WACC[part]
     (part = bh * NWP + block). Needs nothing of the other kernels, so it never waits."""
-    offs_g = tl.arange(0, BG)
-    offs_dk = tl.arange(0, BDK)
-    offs_dv = tl.arange(0, BDV)
-    q = tl.load(Q + b * sqb + (h * G + offs_g)[:, None] * sqh + offs_dk[None, :],
-                mask=(offs_g[:, None] < G) & (offs_dk[None, :] < DK), other=0.0)
+    q = _group_q(Q, b, h, sqb, sqh, G, BG, DK, BDK)
     pos_w = wblk * WB + tl.arange(0, WB)
     m, p_w, acc = _attend_block(q, KW + b * skwb + h * skwh, VW + b * svwb + h * svwh, skwt, svwt, pos_w - kw_start,
                                 (pos_w >= kw_start) & (pos_w <= t), scale, DK, DV, BDK, BDV, IEEE)
-    part = part.to(tl.int64)
-    tl.store(WML + part * 2 * BG + offs_g, m)
-    tl.store(WML + part * 2 * BG + BG + offs_g, tl.sum(p_w, 1))
-    tl.store(WACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc.to(WACC.dtype.element_ty))
+    _store_partial(WML, WACC, part, m, tl.sum(p_w, 1), acc, BG, BDV)
 
 
 @triton.jit
@@ -289,21 +297,14 @@ def _selected_role(Q, KS, VS, IDX, PML, PACC, b, h, part, slot, sqb, sqh, sksb, 
                    t, len_sel, scale, G: tl.constexpr, BG: tl.constexpr, SEL: tl.constexpr, DK: tl.constexpr,
                    DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
     """Selected block `slot` of IDX[b, 0, h] (-1: empty) over the raw cache, positions `<= t`."""
-    offs_g = tl.arange(0, BG)
-    offs_dk = tl.arange(0, BDK)
-    offs_dv = tl.arange(0, BDV)
-    q = tl.load(Q + b * sqb + (h * G + offs_g)[:, None] * sqh + offs_dk[None, :],
-                mask=(offs_g[:, None] < G) & (offs_dk[None, :] < DK), other=0.0)
+    q = _group_q(Q, b, h, sqb, sqh, G, BG, DK, BDK)
     if PDL:
         gdc_wait()                 # kernel B's block indices (and, through B's wait, A's partials)
     blk = tl.load(IDX + b * sib + h * sih + slot)
     pos_s = blk * SEL + tl.arange(0, SEL)
     m, p_s, acc = _attend_block(q, KS + b * sksb + h * sksh, VS + b * svsb + h * svsh, skst, svst, pos_s,
                                 (blk >= 0) & (pos_s <= t) & (pos_s < len_sel), scale, DK, DV, BDK, BDV, IEEE)
-    part = part.to(tl.int64)
-    tl.store(PML + part * 2 * BG + offs_g, m)
-    tl.store(PML + part * 2 * BG + BG + offs_g, tl.sum(p_s, 1))
-    tl.store(PACC + (part * BG + offs_g)[:, None] * BDV + offs_dv[None, :], acc.to(PACC.dtype.element_ty))
+    _store_partial(PML, PACC, part, m, tl.sum(p_s, 1), acc, BG, BDV)
 
 
 @triton.jit
