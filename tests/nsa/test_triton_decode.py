@@ -84,6 +84,31 @@ def test_triton_decode_step_matches_oracle(shape, t, seed):
     assert rel_err(out, ref) < 1e-5
 
 
+@pytest.mark.parametrize("t", [5, 37, 150, 299, 600, 1100])
+@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+def test_triton_decode_group_flags_match_oracle(shape, t, seed, monkeypatch):
+    """Tiles.dec_flags (each kernel waits for its own group's counts, not the grid before it)
+    against the oracle at 0 to 5 chunks, and every count at its target after the step: the
+    chunks, dv / dout_cols merges, one top-n, and the selected plus window programs per group
+    (under the interpreter the kernels run in order and nothing spins, so the counts are checked
+    here)."""
+    made = []
+    counts = triton_dec._counts
+    monkeypatch.setattr(triton_dec, "_counts", lambda n, device: made.append(counts(n, device)) or made[-1])
+    base = triton_nsa.current_tiles(DEV)
+    tiles = dataclasses.replace(base, dec_flags=True, dec_cb=2)
+    q, gates, caches, scale, ref, ref_idx = _step(shape, t)
+    with triton_nsa.use_tiles(tiles):
+        out, idx = triton_nsa.decode_step(q, gates, *caches, t=t, block=L, stride=D, sel_block=SEL, sel_count=N,
+                                          window=W, scale=scale)
+    assert torch.equal(idx.long().cpu(), ref_idx)
+    assert rel_err(out, ref) < 1e-5
+    b, _, hkv, dk, dv = shape
+    nch = -(-max(0, min((t + 1 - L) // D + 1, caches[0].shape[1])) // tiles.dec_chunk)
+    want = [nch, max(dv, tiles.dout_cols) // tiles.dout_cols, 1, N + -(-W // 64) + 1]
+    assert made[0].cpu().tolist() == [[w] * (b * hkv) for w in want]
+
+
 @pytest.mark.parametrize("algo", ["filter", "filter-rounds", "argmax"])
 @pytest.mark.parametrize("t", [5, 299, 600, 1100])
 def test_triton_decode_topn_algorithms(algo, t, seed):
@@ -148,12 +173,14 @@ def test_triton_decode_step_rejects_bad_input():
 
 @pytest.mark.skipif(DEV != "cuda", reason="bf16 tensor-core path needs CUDA")
 @pytest.mark.gpu
+@pytest.mark.parametrize("flags", [False, True], ids=["grid-waits", "group-flags"])
 @pytest.mark.parametrize("part_fp32", [False, True], ids=["bf16-partials", "fp32-partials"])
 @pytest.mark.parametrize("dk", [128, 192])
-def test_triton_decode_step_bf16_paper_sizes_on_gpu(dk, part_fp32, seed):
+def test_triton_decode_step_bf16_paper_sizes_on_gpu(dk, part_fp32, flags, seed):
     """bf16, the paper's l/d/l'/n/w and 64/4 heads at t = 5000 (several chunks of 128 compressed
     keys on the H100 profile): the output within 2x the separate-op path's error of the oracle,
-    with the partial outputs in bf16 (the default) or fp32 (Tiles.dec_part_fp32), and the blocks
+    with the partial outputs in bf16 (the default) or fp32 (Tiles.dec_part_fp32), its kernels
+    waiting for whole grids or for their group's counts (Tiles.dec_flags), and the blocks
     the separate-op path picks (both score in fp32 from the same logits, summed in different
     orders: a set may differ only at a near-tie of the fp64 scores)."""
     b, hq, hkv, dv, t = 2, 64, 4, 128, 5000
@@ -172,7 +199,8 @@ def test_triton_decode_step_bf16_paper_sizes_on_gpu(dk, part_fp32, seed):
         base = triton_nsa.current_tiles(DEV)
         outs = {}
         for fused in (True, False):
-            with triton_nsa.use_tiles(dataclasses.replace(base, dec_fused=fused, dec_part_fp32=part_fp32)):
+            with triton_nsa.use_tiles(dataclasses.replace(base, dec_fused=fused, dec_part_fp32=part_fp32,
+                                                          dec_flags=flags)):
                 outs[fused] = (m.decode_attend(q, gates, cache), cache.reads.sel_blocks.clone())
         k_s, v_s = (buf.view() for buf in cache.raw[m._kv_name("sel")])
         k_w, v_w = (buf.view(512) for buf in cache.raw[m._kv_name("win")])   # positions t - 511 .. t

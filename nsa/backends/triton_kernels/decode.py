@@ -58,6 +58,12 @@ except ImportError:   # pragma: no cover - older Triton: the step runs without i
 WIN_BLOCK = 64   # window keys per window program of kernel C
 
 
+def _counts(n: int, device: torch.device) -> Tensor:
+    """The step's per-group done-counts (Tiles.dec_flags), zeroed: `[4, B*Hkv]` int32 (A's chunks,
+    B's merges, B's top-n, C's programs)."""
+    return torch.zeros(4, n, dtype=torch.int32, device=device)
+
+
 def _scratch(n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> Tensor:
     """Scratch of the step (partials, scores; fp32 unless `dtype`): every element read is written
     first (tests fill it with NaN to hold the kernels to that)."""
@@ -104,11 +110,33 @@ def _store_partial(PML, PACC, part, m, den, acc, BG: tl.constexpr, BDV: tl.const
 
 
 @triton.jit
-def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis, scale,
+def _signal(ptr):
+    """Count this program done at `ptr`: a barrier (every thread's stores issued), then one
+    release atomic, so a program that reads the count with acquire sees those stores."""
+    tl.debug_barrier()
+    tl.atomic_add(ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _await(ptr, target, FLAGS: tl.constexpr):
+    """Wait until the count at `ptr` reaches `target` (acquire reads). Only programs launched after
+    every program they wait for has started spin here (Tiles.dec_flags: a dependent launch
+    starts when all programs of the kernel before it have started), so the wait always ends.
+    FLAGS = 2 (the interpreter, where kernels run one after another): no spin (tests check the
+    final counts instead, `_counts`)."""
+    if FLAGS == 1:
+        seen = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+        while seen < target:
+            seen = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis, scale,
              HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr,
              E: tl.constexpr, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
-             BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
-    """Program (c, bh): chunk `c` of the compressed keys of (sequence, KV group) `bh` (`_chunk_role`)."""
+             BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr):
+    """Program (c, bh): chunk `c` of the compressed keys of (sequence, KV group) `bh` (`_chunk_role`);
+    FLAGS: then counted done in SYNC[0][bh]."""
     if PDL:
         gdc_launch_dependents()    # kernel B may start its programs (they wait for this grid)
     c = tl.program_id(0)
@@ -116,6 +144,8 @@ def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, sqb, sqh, skb, skt, skh, svb, svt, 
     b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
     _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, bh % HKV, bh * tl.num_programs(0) + c, c, sqb, sqh, skb, skt, skh,
                 svb, svt, svh, nvis, scale, G, BG, CH, R, E, D, DK, DV, BDK, BDV, IEEE)
+    if FLAGS:
+        _signal(SYNC + bh)
 
 
 @triton.jit
@@ -181,12 +211,15 @@ def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constex
 
 
 @triton.jit
-def _dec_topn(PML, PACC, PSC, PSP, S, IDX, OC, sib, sih, nch, NB, cur,
+def _dec_topn(PML, PACC, PSC, PSP, S, IDX, OC, SYNC, sib, sih, nch, NB, cur, nbh,
               NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, BG: tl.constexpr,
               NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
               ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
-              SORT64: tl.constexpr, DVC: tl.constexpr, BDV: tl.constexpr, PDL: tl.constexpr):
-    """Per (sequence, KV group) `bh`, program `r` of axis 0:
+              SORT64: tl.constexpr, DVC: tl.constexpr, BDV: tl.constexpr, PDL: tl.constexpr,
+              FLAGS: tl.constexpr):
+    """Per (sequence, KV group) `bh`, program `r` of axis 0 (FLAGS: each waits for its own group's
+    chunks, SYNC[0][bh] = nch, instead of kernel A's whole grid, and counts itself done: the
+    top-n in SYNC[2][bh], the merges in SYNC[1][bh]):
     r = 0: lse per head; group scores of blocks [0, NB) -> S[bh] (fp32): block `c*NBK + i` gets
            sum_h exp(m_c,h - lse_h) * PSC[c, h, i], plus chunk c-1's spill at i = 0; then their
            top N under the spec's rules -> IDX[b, 0, h, :].
@@ -199,13 +232,19 @@ def _dec_topn(PML, PACC, PSC, PSP, S, IDX, OC, sib, sih, nch, NB, cur,
     bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
     h = bh % HKV
-    if PDL:
+    if FLAGS:
+        _await(SYNC + bh, nch, FLAGS)     # this group's chunk partials are stored and visible
+    elif PDL:
         gdc_wait()                 # kernel A's partials are complete and visible
     if r == 0:
         _topn_role(PML, PSC, PSP, S, IDX + b * sib + h * sih, bh, nch, NB, cur, NCH_HOST, DYN, BG, NBK, SW, N, BN, CB,
                    ALGO, IB, K2, CW, CAP, SORT64)
+        if FLAGS:
+            _signal(SYNC + 2 * nbh + bh)
     else:
         _cmp_merge_role(PML, PACC, OC, bh, r - 1, nch, NCH_HOST, DYN, BG, BDV, CB, DVC)
+        if FLAGS:
+            _signal(SYNC + nbh + bh)
 
 
 @triton.jit
@@ -270,12 +309,14 @@ def _cmp_merge_role(PML, PACC, OC, bh, col, nch, NCH_HOST: tl.constexpr, DYN: tl
 
 
 @triton.jit
-def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, skwb, skwt,
-                skwh, svwb, svwt, svwh, sib, sih, t, len_sel, kw_start, scale,
+def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, SYNC, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, skwb,
+                skwt, skwh, svwb, svwt, svwh, sib, sih, t, len_sel, kw_start, scale, nbh,
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
                 WB: tl.constexpr, NWP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
-                BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
-    """Program p < N_SEL: selected block slot p of IDX[b, 0, h] over the raw cache (positions
+                BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr):
+    """FLAGS: the selected programs wait for their own group's top-n (SYNC[2][bh]) instead of kernel
+    B's whole grid, and every program counts itself done in SYNC[3][bh].
+    Program p < N_SEL: selected block slot p of IDX[b, 0, h] over the raw cache (positions
     `<= t`): its partial (m, l) -> PML[part], acc -> PACC[part].
     p >= N_SEL: window block `p - N_SEL` (`_window_role`; it needs nothing of B and does not wait)."""
     if PDL:
@@ -285,20 +326,26 @@ def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, sqb, sqh, sksb, sk
     b = (bh // HKV).to(tl.int64)
     h = bh % HKV
     if p < N_SEL:
-        _selected_role(Q, KS, VS, IDX, PML, PACC, b, h, bh * N_SEL + p, p, sqb, sqh, sksb, skst, sksh, svsb, svst,
-                       svsh, sib, sih, t, len_sel, scale, G, BG, SEL, DK, DV, BDK, BDV, IEEE, PDL)
+        _selected_role(Q, KS, VS, IDX, PML, PACC, SYNC + 2 * nbh + bh, b, h, bh * N_SEL + p, p, sqb, sqh, sksb, skst,
+                       sksh, svsb, svst, svsh, sib, sih, t, len_sel, scale, G, BG, SEL, DK, DV, BDK, BDV, IEEE, PDL,
+                       FLAGS)
     else:
         _window_role(Q, KW, VW, WML, WACC, b, h, bh * NWP + p - N_SEL, kw_start // WB + p - N_SEL, sqb, sqh, skwb,
                      skwt, skwh, svwb, svwt, svwh, t, kw_start, scale, G, BG, WB, DK, DV, BDK, BDV, IEEE)
+    if FLAGS:
+        _signal(SYNC + 3 * nbh + bh)
 
 
 @triton.jit
-def _selected_role(Q, KS, VS, IDX, PML, PACC, b, h, part, slot, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, sib, sih,
+def _selected_role(Q, KS, VS, IDX, PML, PACC, topn_done, b, h, part, slot, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, sib, sih,
                    t, len_sel, scale, G: tl.constexpr, BG: tl.constexpr, SEL: tl.constexpr, DK: tl.constexpr,
-                   DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+                   DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+                   FLAGS: tl.constexpr):
     """Selected block `slot` of IDX[b, 0, h] (-1: empty) over the raw cache, positions `<= t`."""
     q = _group_q(Q, b, h, sqb, sqh, G, BG, DK, BDK)
-    if PDL:
+    if FLAGS:
+        _await(topn_done, 1, FLAGS)       # this group's block indices
+    elif PDL:
         gdc_wait()                 # kernel B's block indices (and, through B's wait, A's partials)
     blk = tl.load(IDX + b * sib + h * sih + slot)
     pos_s = blk * SEL + tl.arange(0, SEL)
@@ -327,16 +374,20 @@ def _merge_static(PML, PACC, first, offs_g, offs_v, N: tl.constexpr, NP: tl.cons
 
 
 @triton.jit
-def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, sgb, sgh, sgc, sob, soh,
+def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, sgb, sgh, sgc, sob, soh, nbh,
              HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, NSPL: tl.constexpr, NWP: tl.constexpr,
              NPS: tl.constexpr, NPW: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, DVC: tl.constexpr,
-             PDL: tl.constexpr):
+             PDL: tl.constexpr, FLAGS: tl.constexpr):
     """Per (sequence, KV group, DVC output columns): the compressed output (kernel B's merge), the
-    selected (kernel C's partials) and window (kernel B's partials) outputs merged, then
-    `g_cmp * o_cmp + g_sel * o_sel + g_win * o_win` in fp32 -> Out[b, 0, heads]."""
-    if PDL:
-        gdc_wait()                 # kernel C's partials; B's through C's wait
+    selected and window outputs merged from kernel C's partials, then
+    `g_cmp * o_cmp + g_sel * o_sel + g_win * o_win` in fp32 -> Out[b, 0, heads]. FLAGS: waits for
+    its own group's C programs (SYNC[3][bh]) and B merges (SYNC[1][bh]), not the whole grids."""
     bh = tl.program_id(0)
+    if FLAGS:
+        _await(SYNC + 3 * nbh + bh, NSPL + NWP, FLAGS)
+        _await(SYNC + nbh + bh, BDV // DVC, FLAGS)
+    elif PDL:
+        gdc_wait()                 # kernel C's partials; B's through C's wait
     b = (bh // HKV).to(tl.int64)
     h = bh % HKV
     offs_g = tl.arange(0, BG)
@@ -415,11 +466,16 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     pdt = torch.float32 if tiles.dec_part_fp32 else q.dtype
     pml, pacc = _scratch(bh * nch * 2 * bg, dev), _scratch(bh * nch * bg * bdv, dev, pdt)
     psc, psp = _scratch(bh * nch * bg * nbk, dev), _scratch(bh * nch * bg, dev)
+    # Tiles.dec_flags: per-group done-counts (A's chunks, B's merges, B's top-n, C's programs), so
+    # each kernel waits for its own group, not for the grid before it (only with dependent launch,
+    # which starts a kernel once every program of the one before it has started).
+    flags = (1 if pdl else 2 if interpreting() else 0) if tiles.dec_flags else 0
+    sync = _counts(bh if flags else 1, dev)
     if nch:
-        _dec_cmp[(nch, bh)](q, k_cmp, v_cmp, pml, pacc, psc, psp, q.stride(0), q.stride(2), k_cmp.stride(0),
+        _dec_cmp[(nch, bh)](q, k_cmp, v_cmp, pml, pacc, psc, psp, sync, q.stride(0), q.stride(2), k_cmp.stride(0),
                             k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2),
                             nvis, scale, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e, D=stride, DK=dk, DV=dv, BDK=bdk,
-                            BDV=bdv, IEEE=exact, PDL=pdl, **tiles.launch("dec"))
+                            BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags, **tiles.launch("dec"))
     nb, cur = t // sel_block + 1, t // sel_block
     sw = np2(nb)
     s = _scratch(bh * (sw + tiles.topn_cap), dev)
@@ -428,24 +484,25 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     loop = dict(NCH_HOST=nch if host else 0, DYN=not host)
     ncol = bdv // dvc
     oc = _scratch(bh * bg * bdv, dev)
-    _dec_topn[(1 + ncol, bh)](pml, pacc, psc, psp, s, idx, oc, idx.stride(0), idx.stride(2), nch, nb, cur, **loop,
+    _dec_topn[(1 + ncol, bh)](pml, pacc, psc, psp, s, idx, oc, sync, idx.stride(0), idx.stride(2), nch, nb, cur, bh,
+                              **loop,
                               HKV=hkv, BG=bg, NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count), CB=tiles.dec_cb,
                               **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap, tiles.topn_nchunk,
                                             tiles.dtop_sort64),
-                              DVC=dvc, BDV=bdv, PDL=pdl, **launch_pdl, num_warps=tiles.dtop_warps)
+                              DVC=dvc, BDV=bdv, PDL=pdl, FLAGS=flags, **launch_pdl, num_warps=tiles.dtop_warps)
     nwp = triton.cdiv(window, WIN_BLOCK) + 1        # blocks the window can touch (a fixed count: no recompiles)
     bml, bacc = _scratch(bh * sel_count * 2 * bg, dev), _scratch(bh * sel_count * bg * bdv, dev, pdt)
     wml, wacc = _scratch(bh * nwp * 2 * bg, dev), _scratch(bh * nwp * bg * bdv, dev, pdt)
     _dec_blocks[(sel_count + nwp, bh)](
-        q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, q.stride(0), q.stride(2), k_sel.stride(0),
+        q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, sync, q.stride(0), q.stride(2), k_sel.stride(0),
         k_sel.stride(1), k_sel.stride(2), v_sel.stride(0), v_sel.stride(1), v_sel.stride(2), k_win.stride(0),
         k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2), idx.stride(0),
-        idx.stride(2), t, k_sel.shape[1], t + 1 - k_win.shape[1], scale, HKV=hkv, G=group, BG=bg, N_SEL=sel_count,
-        SEL=sel_block, WB=WIN_BLOCK, NWP=nwp, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, **launch_pdl,
-        **tiles.launch("dblk"))
+        idx.stride(2), t, k_sel.shape[1], t + 1 - k_win.shape[1], scale, bh, HKV=hkv, G=group, BG=bg, N_SEL=sel_count,
+        SEL=sel_block, WB=WIN_BLOCK, NWP=nwp, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags,
+        **launch_pdl, **tiles.launch("dblk"))
     out = common.empty_out(b, 1, hq, dv, dtype=q.dtype, device=dev)
-    _dec_out[(bh, ncol)](oc, bml, bacc, wml, wacc, gates, out, gates.stride(0), gates.stride(2), gates.stride(3),
-                         out.stride(0), out.stride(2), HKV=hkv, G=group, BG=bg, NSPL=sel_count, NWP=nwp,
-                         NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv, BDV=bdv, DVC=dvc, PDL=pdl, **launch_pdl,
-                         num_warps=tiles.dout_warps)
+    _dec_out[(bh, ncol)](oc, bml, bacc, wml, wacc, gates, out, sync, gates.stride(0), gates.stride(2),
+                         gates.stride(3), out.stride(0), out.stride(2), bh, HKV=hkv, G=group, BG=bg, NSPL=sel_count, NWP=nwp,
+                         NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv, BDV=bdv, DVC=dvc, PDL=pdl, FLAGS=flags,
+                         **launch_pdl, num_warps=tiles.dout_warps)
     return out, idx

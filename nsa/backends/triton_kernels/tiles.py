@@ -77,6 +77,7 @@ class Tiles:
     win_stages: int | None = 3
     dec_fused: bool = True        # decode: the whole step in four launches (decode.py) where it applies
     dec_pdl: bool = True          # decode.py: kernels B, C, D by programmatic dependent launch (sm90+)
+    dec_flags: bool = True        # ... each waiting for its own group's inputs (per-group counts), not the whole grid
     dec_chunk: int = 128          # decode.py kernel A: compressed keys per program (one tile; >= 16 blocks)
     dec_part_fp32: bool = False   # decode.py: partial outputs in fp32 (default: the input dtype, as selb_part_fp32)
     dec_warps: int = 4
@@ -99,7 +100,7 @@ class Tiles:
                     raise ValueError(f"Tiles.{f.name} must be one of {TOPN_ALGOS}, got {value!r}")
                 continue
             if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64",
-                          "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32"):
+                          "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32", "dec_flags"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
