@@ -23,9 +23,15 @@ query per sequence (`q [B, 1, Hq, dk]` at position `t`) is:
                     dtype.
 
 On sm90+ B, C and D go by programmatic dependent launch (`Tiles.dec_pdl`): each is launched
-while the one before still runs and waits (`griddepcontrol.wait`) before reading its partials;
-C's window programs need nothing from B and do not wait. A reads what the step's earlier torch
-kernels wrote, and those do not signal dependents, so A is launched normally.
+while the one before still runs, once every program of that kernel has started. With
+`Tiles.dec_flags` (the default) each program then waits only for its own group's inputs: A's
+programs, B's top-n and merge programs and C's programs count themselves done per group (a
+barrier, then a release atomic), and the programs that read them spin on those counts (acquire)
+- so a group's top-n, selected blocks and merge run while later groups' chunks still stream.
+The spin cannot block what it waits for: those programs have all started. Without it each
+waits for the whole grid before it (`griddepcontrol.wait`). C's window programs need nothing
+from B and do not wait. A reads what the step's earlier torch kernels wrote, and those do not
+signal dependents, so A is launched normally.
 
 Partials are merged `Tiles.dec_cb` per vector load (a loop of dependent loads, one L2 round trip
 each, costs more than the bytes: an unrolled 2-D variant measured 2x slower in B and D).
