@@ -101,6 +101,9 @@ class NSACache:
     # The compressed stream, appended in amortised O(1) (a decode step never copies the stream).
     cmp: tuple[TokenBuffer, TokenBuffer] = field(default_factory=lambda: (TokenBuffer(), TokenBuffer()))
     reads: ReadCounts = field(default_factory=ReadCounts)
+    # The fused Triton decode step's per-group counts (triton_nsa.decode_counts): zero between
+    # steps, kept here so that no step spends a kernel zeroing them. None until the first step.
+    dec_counts: Tensor | None = None
 
     @property
     def k_cmp(self) -> Tensor | None:

@@ -225,7 +225,23 @@ class NSAAttention(nn.Module):
         for buf, x_cmp in zip(cache.cmp, self.compress(*kv[self._kv_name("cmp")]), strict=True):
             buf.append(x_cmp)
         cache.length = x.shape[1]
+        if x.is_cuda:
+            # Made here, not at the first step: a step captured in a CUDA graph then neither
+            # allocates nor zeroes it (decode_counts; steps leave it zero).
+            self._decode_counts(cache, x.shape[0], x.device)
         return y, cache
+
+    def _decode_counts(self, cache: NSACache, batch: int, device: torch.device) -> None:
+        """`cache.dec_counts` for the fused decode step of `batch` sequences, made once; a cache
+        without the Triton backend available keeps None."""
+        groups = batch * self.config.n_kv_heads
+        counts = cache.dec_counts
+        if counts is not None and counts.device == device and counts.shape[1] >= groups:
+            return
+        from nsa.backends import triton_nsa
+
+        if triton_nsa.unavailable_reason(device) is None:
+            cache.dec_counts = triton_nsa.decode_counts(groups, device)
 
     # --- decode -------------------------------------------------------------------------------
     def step(self, x_t: Tensor, cache: NSACache, branches: Sequence[str] = BRANCHES) -> Tensor:
@@ -269,9 +285,11 @@ class NSAAttention(nn.Module):
             # Every branch on Triton: the whole step in four launches (triton_kernels/decode.py).
             from nsa.backends import triton_nsa
 
+            self._decode_counts(cache, q.shape[0], q.device)
             out, idx = triton_nsa.decode_step(
                 q, gates, cache.k_cmp, cache.v_cmp, k_s, v_s, *win, t=t, block=c.cmp_block, stride=c.cmp_stride,
-                sel_block=c.sel_block, sel_count=c.sel_count, window=c.window, scale=c.softmax_scale)
+                sel_block=c.sel_block, sel_count=c.sel_count, window=c.window, scale=c.softmax_scale,
+                counts=cache.dec_counts)
             cache.reads = ReadCounts(cmp=cache.k_cmp.shape[1], win=win[0].shape[1], sel_blocks=idx,
                                      sel_rule=(t, c.sel_block))
             return out

@@ -5,7 +5,9 @@ while the graph is captured), so the differences are what each kernel adds to th
 included. The issue's decode layout: B = 8 sequences, one query at t = S - 1, 64 query / 4 KV
 heads, D 128, bf16, paper block sizes, random inputs (seed 0), CUDA graphs, L2 flushed between
 repeats (bench/timing.py). Every variant's blocks are checked equal to the default's, and its
-output against the default's, before anything is timed.
+output against the default's, before anything is timed. Whole steps share one kept counts
+buffer (`triton_nsa.decode_counts`, as NSACache keeps one; steps leave it zero); a cut step
+leaves counts behind, so it gets a fresh one, whose zeroing kernel is in the cut's time.
 
 Needs a CUDA GPU. From the repo root:
 
@@ -65,13 +67,16 @@ def _cell(t: int, b: int, dev: str, base: Tiles, variants: list[dict], prev, gpu
     kc, vc = ops.compress_kv(k, v, block=32, stride=16)
     kw, vw = k[:, -512:], v[:, -512:]
 
+    kept = triton_nsa.decode_counts(b * 4, dev)   # as NSACache keeps one: whole steps leave it zero
+
     def step(tiles: Tiles, after: int = 4, module=dec):
         def fn():
             kw_args = dict(t=t - 1, block=32, stride=16, sel_block=64, sel_count=16, window=512,
                            scale=128 ** -0.5)
             with use_tiles(tiles), _cut(module, after):
-                if module is dec:
-                    return triton_nsa.decode_step(q, gates, kc, vc, k, v, kw, vw, **kw_args)
+                if module is dec:   # a cut step leaves its counts behind: it gets fresh ones
+                    return triton_nsa.decode_step(q, gates, kc, vc, k, v, kw, vw, **kw_args,
+                                                  counts=kept if after == 4 else None)
                 return module.decode_step(q, gates, kc, vc, k, v, kw, vw, tiles=tiles, **kw_args)
         return fn
 

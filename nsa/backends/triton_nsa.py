@@ -12,6 +12,7 @@ scores, top-n, sliding).
     selected_gated(q, k, v, idx, ...)                   selected attention + the gated sum
     sliding_decode(q, k_w, v_w, t=...)                  decode's window through the selection kernel
     decode_step(q, gates, caches..., t=...)             a whole decode step (all branches, gated), 4 launches
+    decode_counts(groups, device)                       the per-group counts a cache keeps for decode_step
 
 Launch parameters: a frozen `Tiles` per GPU profile (`tiles(profile)`, `profile_for(device)`:
 `sm90` for an H100, `cpu` under the interpreter). Every function above that launches kernels
@@ -52,7 +53,7 @@ if triton is not None:
     from nsa.backends.triton_kernels import sliding as _win
     from nsa.backends.triton_kernels import topn as _topn
 
-__all__ = ["PROFILES", "TILES", "Tiles", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_step",
+__all__ = ["PROFILES", "TILES", "Tiles", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_counts", "decode_step",
            "decode_unsupported_reason", "kernels_interpreted", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
            "unsupported_reason", "use_tiles"]
 
@@ -272,7 +273,7 @@ def decode_unsupported_reason(q: Tensor, *, t: int, dv: int, block: int, stride:
 
 def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: Tensor, v_sel: Tensor, k_win: Tensor,
                 v_win: Tensor, *, t: int, block: int, stride: int, sel_block: int, sel_count: int, window: int,
-                scale: float, tiles: Tiles | None = None) -> tuple[Tensor, Tensor]:
+                scale: float, tiles: Tiles | None = None, counts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One decode step of the whole layer: `g_cmp * o_cmp + g_sel * o_sel + g_win * o_win`
     `[B, 1, Hq, dv]` for the query `q [B, 1, Hq, dk]` at position `t`, and its selected blocks
     `[B, 1, Hkv, sel_count]` (int32, ascending, -1 padded), in four launches (decode.py).
@@ -280,6 +281,8 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     Caches: compressed `k_cmp/v_cmp [B, Tc, Hkv, *]` (token i summarises `[i*stride, i*stride +
     block)`), raw `k_sel/v_sel [B, >= t+1, Hkv, *]` from position 0, the window `k_win/v_win
     [B, nw, Hkv, *]` holding positions `t+1-nw .. t` (`1 <= nw <= window`); gates `[B, 1, Hq, 3]`.
+    `counts`: the step's per-group counts from `decode_counts` (zero, and left zero by the step),
+    kept by the caller across steps so that no step zeroes them; None: a fresh buffer per step.
     """
     _require()
     tiles = _tiles(q, tiles)
@@ -305,4 +308,11 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     if block < 1 or stride < 1 or sel_count < 1:
         raise ValueError(f"block, stride and sel_count must be >= 1, got {block}, {stride}, {sel_count}")
     return _dec.decode_step(q, gates, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, t=t, block=block, stride=stride,
-                            sel_block=sel_block, sel_count=sel_count, window=window, scale=scale, tiles=tiles)
+                            sel_block=sel_block, sel_count=sel_count, window=window, scale=scale, tiles=tiles,
+                            counts=counts)
+
+
+def decode_counts(groups: int, device: torch.device | str) -> Tensor:
+    """A zeroed counts buffer for `decode_step` steps of up to `groups` = B * Hkv (sequence, KV
+    group) pairs; steps leave it zero, so one buffer serves every step of a cache."""
+    return _dec._counts(groups, torch.device(device))

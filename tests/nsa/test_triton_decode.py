@@ -86,27 +86,50 @@ def test_triton_decode_step_matches_oracle(shape, t, seed):
 
 @pytest.mark.parametrize("t", [5, 37, 150, 299, 600, 1100])
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-def test_triton_decode_group_flags_match_oracle(shape, t, seed, monkeypatch):
+def test_triton_decode_group_flags_match_oracle(shape, t, seed):
     """Tiles.dec_flags (each kernel waits for its own group's counts, not the grid before it)
-    against the oracle at 0 to 5 chunks, and every count at its target after the step: the
-    chunks, dv / dout_cols merges, one top-n, and the selected plus window programs per group
-    (under the interpreter the kernels run in order and nothing spins, so the counts are checked
-    here)."""
-    made = []
-    counts = triton_dec._counts
-    monkeypatch.setattr(triton_dec, "_counts", lambda n, device: made.append(counts(n, device)) or made[-1])
+    against the oracle at 0 to 5 chunks, with a counts buffer kept across steps (as NSACache
+    keeps one). After a step each group's counts are [0, merges, 0, C programs]: kernel D resets
+    the chunk and top-n counts (under the interpreter only when they are at their targets: there
+    nothing spins, so this is the check that every program counts in its own slot), kernel A of
+    the next step the other two."""
     base = triton_nsa.current_tiles(DEV)
     tiles = dataclasses.replace(base, dec_flags=True, dec_cb=2)
     q, gates, caches, scale, ref, ref_idx = _step(shape, t)
+    b, _, hkv = shape[:3]
+    counts = triton_nsa.decode_counts(b * hkv + 3, DEV)      # wider than the step's groups
+    ncol, nblk = max(shape[4], tiles.dout_cols) // tiles.dout_cols, N + -(-W // 64) + 1
+    want = [[0] * (b * hkv) + [0] * 3, [ncol] * (b * hkv) + [0] * 3, [0] * (b * hkv + 3),
+            [nblk] * (b * hkv) + [0] * 3]
+    for _ in range(2):                                       # the second step reuses the counts
+        with triton_nsa.use_tiles(tiles):
+            out, idx = triton_nsa.decode_step(q, gates, *caches, t=t, block=L, stride=D, sel_block=SEL, sel_count=N,
+                                              window=W, scale=scale, counts=counts)
+        assert torch.equal(idx.long().cpu(), ref_idx)
+        assert rel_err(out, ref) < 1e-5
+        assert counts.cpu().tolist() == want
+
+
+def test_triton_decode_counts_rejected_and_zeroed_on_failure(monkeypatch):
+    """A counts buffer of the wrong shape or dtype is refused before any launch; a step that fails
+    after some kernels ran (here: kernel D cannot launch) leaves the counts at 0, not half made."""
+    q, gates, caches, scale, ref, ref_idx = _step(SHAPES[0], 299)
+    kw = dict(t=299, block=L, stride=D, sel_block=SEL, sel_count=N, window=W, scale=scale)
+    tiles = dataclasses.replace(triton_nsa.current_tiles(DEV), dec_flags=True)
     with triton_nsa.use_tiles(tiles):
-        out, idx = triton_nsa.decode_step(q, gates, *caches, t=t, block=L, stride=D, sel_block=SEL, sel_count=N,
-                                          window=W, scale=scale)
-    assert torch.equal(idx.long().cpu(), ref_idx)
-    assert rel_err(out, ref) < 1e-5
-    b, _, hkv, dk, dv = shape
-    nch = -(-max(0, min((t + 1 - L) // D + 1, caches[0].shape[1])) // tiles.dec_chunk)
-    want = [nch, max(dv, tiles.dout_cols) // tiles.dout_cols, 1, N + -(-W // 64) + 1]
-    assert made[0].cpu().tolist() == [[w] * (b * hkv) for w in want]
+        for bad in (torch.zeros(4, 1, dtype=torch.int32, device=DEV), torch.zeros(4, 8, device=DEV)):
+            with pytest.raises(ValueError, match="counts must be"):
+                triton_nsa.decode_step(q, gates, *caches, counts=bad, **kw)
+
+        class Broken:
+            def __getitem__(self, grid):
+                raise RuntimeError("kernel D cannot launch")
+
+        monkeypatch.setattr(triton_dec, "_dec_out", Broken())
+        counts = triton_nsa.decode_counts(8, DEV)
+        with pytest.raises(RuntimeError, match="kernel D"):
+            triton_nsa.decode_step(q, gates, *caches, counts=counts, **kw)
+        assert not counts.any()
 
 
 @pytest.mark.parametrize("algo", ["filter", "filter-rounds", "argmax"])

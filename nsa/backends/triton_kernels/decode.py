@@ -65,8 +65,10 @@ WIN_BLOCK = 64   # window keys per window program of kernel C
 
 
 def _counts(n: int, device: torch.device) -> Tensor:
-    """The step's per-group done-counts (Tiles.dec_flags), zeroed: `[4, B*Hkv]` int32 (A's chunks,
-    B's merges, B's top-n, C's programs)."""
+    """Per-group done-counts of the step (Tiles.dec_flags), zeroed: `[4, n]` int32 for n >= B*Hkv
+    groups (A's chunks, B's merges, B's top-n, C's programs). A step resets them itself (kernel A
+    the second and fourth, kernel D the others), so a caller that keeps one (NSACache) passes it
+    to every step and no step runs a zeroing kernel (~1.5 us of a 60 us step)."""
     return torch.zeros(4, n, dtype=torch.int32, device=device)
 
 
@@ -137,21 +139,31 @@ def _await(ptr, target, FLAGS: tl.constexpr):
 
 
 @triton.jit
-def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis, scale,
+def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis, nch, nbh, scale,
              HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr,
              E: tl.constexpr, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
              BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr):
-    """Program (c, bh): chunk `c` of the compressed keys of (sequence, KV group) `bh` (`_chunk_role`);
-    FLAGS: then counted done in SYNC[0][bh]."""
-    if PDL:
-        gdc_launch_dependents()    # kernel B may start its programs (they wait for this grid)
+    """Program (c, bh), c < nch: chunk `c` of the compressed keys of (sequence, KV group) `bh`
+    (`_chunk_role`); FLAGS: then counted done in SYNC[0][bh]. FLAGS, c = 0 (the grid has it even
+    when nch = 0): first sets the group's counts SYNC[1] and SYNC[3], which the last step left
+    at their targets, back to 0, before it lets kernel B start (so before any program of this
+    step can count there); kernel D set SYNC[0] and SYNC[2] back to 0."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-    _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, bh % HKV, bh * tl.num_programs(0) + c, c, sqb, sqh, skb, skt, skh,
-                svb, svt, svh, nvis, scale, G, BG, CH, R, E, D, DK, DV, BDK, BDV, IEEE)
-    if FLAGS:
-        _signal(SYNC + bh)
+    if FLAGS and c == 0:
+        z = tl.atomic_xchg(SYNC + nbh + bh, 0, sem="relaxed", scope="gpu")
+        z = z | tl.atomic_xchg(SYNC + 3 * nbh + bh, 0, sem="relaxed", scope="gpu")
+        if PDL:
+            if z >= 0:             # always (counts are >= 0): the trigger waits for both exchanges
+                gdc_launch_dependents()
+    elif PDL:
+        gdc_launch_dependents()    # kernel B may start its programs (they wait for this grid)
+    if c < nch:
+        b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
+        _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, bh % HKV, bh * nch + c, c, sqb, sqh, skb, skt, skh, svb, svt,
+                    svh, nvis, scale, G, BG, CH, R, E, D, DK, DV, BDK, BDV, IEEE)
+        if FLAGS:
+            _signal(SYNC + bh)
 
 
 @triton.jit
@@ -380,14 +392,17 @@ def _merge_static(PML, PACC, first, offs_g, offs_v, N: tl.constexpr, NP: tl.cons
 
 
 @triton.jit
-def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, sgb, sgh, sgc, sob, soh, nbh,
+def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, sgb, sgh, sgc, sob, soh, nbh, nch,
              HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, NSPL: tl.constexpr, NWP: tl.constexpr,
              NPS: tl.constexpr, NPW: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, DVC: tl.constexpr,
              PDL: tl.constexpr, FLAGS: tl.constexpr):
     """Per (sequence, KV group, DVC output columns): the compressed output (kernel B's merge), the
     selected and window outputs merged from kernel C's partials, then
     `g_cmp * o_cmp + g_sel * o_sel + g_win * o_win` in fp32 -> Out[b, 0, heads]. FLAGS: waits for
-    its own group's C programs (SYNC[3][bh]) and B merges (SYNC[1][bh]), not the whole grids."""
+    its own group's C programs (SYNC[3][bh]) and B merges (SYNC[1][bh]), not the whole grids;
+    then its program for the first columns sets SYNC[0][bh] and SYNC[2][bh] back to 0: every
+    program that waits on them has passed (B's merges counted in SYNC[1], C's selected programs
+    in SYNC[3]). SYNC[1] and SYNC[3] stay at their targets for the next step's kernel A."""
     bh = tl.program_id(0)
     if FLAGS:
         _await(SYNC + 3 * nbh + bh, NSPL + NWP, FLAGS)
@@ -406,6 +421,14 @@ def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, sgb, sgh, sgc, sob, soh, n
     o = _gate_sum(o_cmp, o_sel, o_win, GT + b * sgb + heads * sgh, g_ok, sgc)
     tl.store(Out + b * sob + heads[:, None] * soh + offs_v[None, :], o.to(Out.dtype.element_ty),
              mask=g_ok[:, None] & (offs_v[None, :] < DV))
+    if FLAGS and tl.program_id(1) == 0:
+        if FLAGS == 2:             # the interpreter: only counts at their targets (tests read them after a step)
+            if (tl.load(SYNC + bh) == nch) & (tl.load(SYNC + 2 * nbh + bh) == 1):
+                tl.store(SYNC + bh, 0)
+                tl.store(SYNC + 2 * nbh + bh, 0)
+        else:
+            tl.store(SYNC + bh, 0)
+            tl.store(SYNC + 2 * nbh + bh, 0)
 
 
 def pdl_ok(device: torch.device) -> bool:
@@ -446,13 +469,14 @@ def supported(*, dk: int, dv: int, block: int, stride: int, sel_block: int, t: i
 
 def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: Tensor, v_sel: Tensor,
                 k_win: Tensor, v_win: Tensor, *, t: int, block: int, stride: int, sel_block: int, sel_count: int,
-                window: int, scale: float, tiles: Tiles) -> tuple[Tensor, Tensor]:
+                window: int, scale: float, tiles: Tiles, counts: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The gated NSA output `[B, 1, Hq, dv]` of the query at position `t` and its selected blocks
     `[B, 1, Hkv, sel_count]` (int32, ascending, -1 padded). Caches: compressed `k_cmp/v_cmp [B, Tc,
     Hkv, *]` (tokens `0 ..`), raw `k_sel/v_sel [B, >= t+1, Hkv, *]` (positions `0 ..`), window
     `k_win/v_win [B, nw, Hkv, *]` (positions `t+1-nw .. t`, `nw <= window`). Scratch: partials
     of about `B*Hkv*16*(dv + l'/d ...)` elements per chunk and block (acc in q's dtype, the rest
-    fp32); no host sync (capturable in a CUDA graph)."""
+    fp32); no host sync (capturable in a CUDA graph). `counts`: a `_counts` buffer (`[4, >= B*Hkv]`
+    int32, zeroed once) that every step uses and resets itself; None: a fresh one (a zeroing kernel)."""
     b, _, hq, dk = q.shape
     hkv, dv, tc = k_sel.shape[2], v_sel.shape[-1], k_cmp.shape[1]
     q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = unit_last_stride(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win)
@@ -468,47 +492,63 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     nbk = ch // r
     nvis = min(tc, max(0, (t + 1 - block) // stride + 1))
     nch = triton.cdiv(nvis, ch)
-    # Partial outputs (unnormalised acc) in q's dtype unless Tiles.dec_part_fp32; (m, l) and scores fp32.
-    pdt = torch.float32 if tiles.dec_part_fp32 else q.dtype
+    # Tiles.dec_flags: per-group done-counts (A's chunks, B's merges, B's top-n, C's and D's
+    # programs), so each kernel waits for its own group, not for the grid before it (only with
+    # dependent launch, which starts a kernel once every program of the one before has started).
+    flags = (1 if pdl else 2 if interpreting() else 0) if tiles.dec_flags else 0
+    if not flags:
+        sync = torch.empty(1, dtype=torch.int32, device=dev)   # unused
+    elif counts is None:
+        sync = _counts(bh, dev)
+    elif (counts.dtype != torch.int32 or counts.device != torch.device(dev) or counts.dim() != 2
+          or counts.shape[0] != 4 or counts.shape[1] < bh or not counts.is_contiguous()):
+        raise ValueError(f"counts must be a contiguous int32 [4, >= {bh}] buffer on {dev} (decode.py _counts), got "
+                         f"{counts.dtype} {list(counts.shape)} on {counts.device}")
+    else:
+        sync = counts
+    nbh = sync.shape[-1]
+    # Every buffer before the first launch: a step that fails part way leaves no count behind.
+    pdt = torch.float32 if tiles.dec_part_fp32 else q.dtype   # partial outputs; (m, l) and scores fp32
     pml, pacc = _scratch(bh * nch * 2 * bg, dev), _scratch(bh * nch * bg * bdv, dev, pdt)
     psc, psp = _scratch(bh * nch * bg * nbk, dev), _scratch(bh * nch * bg, dev)
-    # Tiles.dec_flags: per-group done-counts (A's chunks, B's merges, B's top-n, C's programs), so
-    # each kernel waits for its own group, not for the grid before it (only with dependent launch,
-    # which starts a kernel once every program of the one before it has started).
-    flags = (1 if pdl else 2 if interpreting() else 0) if tiles.dec_flags else 0
-    sync = _counts(bh if flags else 1, dev)
-    if nch:
-        _dec_cmp[(nch, bh)](q, k_cmp, v_cmp, pml, pacc, psc, psp, sync, q.stride(0), q.stride(2), k_cmp.stride(0),
-                            k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2),
-                            nvis, scale, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e, D=stride, DK=dk, DV=dv, BDK=bdk,
-                            BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags, **tiles.launch("dec"))
     nb, cur = t // sel_block + 1, t // sel_block
     sw = np2(nb)
     s = _scratch(bh * (sw + tiles.topn_cap), dev)
     idx = torch.empty(b, 1, hkv, sel_count, dtype=torch.int32, device=dev)
-    host = interpreting()
-    loop = dict(NCH_HOST=nch if host else 0, DYN=not host)
     ncol = bdv // dvc
     oc = _scratch(bh * bg * bdv, dev)
-    _dec_topn[(1 + ncol, bh)](pml, pacc, psc, psp, s, idx, oc, sync, idx.stride(0), idx.stride(2), nch, nb, cur, bh,
-                              **loop,
-                              HKV=hkv, BG=bg, NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count), CB=tiles.dec_cb,
-                              **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap, tiles.topn_nchunk,
-                                            tiles.dtop_sort64),
-                              DVC=dvc, BDV=bdv, PDL=pdl, FLAGS=flags, **launch_pdl, num_warps=tiles.dtop_warps)
     nwp = triton.cdiv(window, WIN_BLOCK) + 1        # blocks the window can touch (a fixed count: no recompiles)
     bml, bacc = _scratch(bh * sel_count * 2 * bg, dev), _scratch(bh * sel_count * bg * bdv, dev, pdt)
     wml, wacc = _scratch(bh * nwp * 2 * bg, dev), _scratch(bh * nwp * bg * bdv, dev, pdt)
-    _dec_blocks[(sel_count + nwp, bh)](
-        q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, sync, q.stride(0), q.stride(2), k_sel.stride(0),
-        k_sel.stride(1), k_sel.stride(2), v_sel.stride(0), v_sel.stride(1), v_sel.stride(2), k_win.stride(0),
-        k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2), idx.stride(0),
-        idx.stride(2), t, k_sel.shape[1], t + 1 - k_win.shape[1], scale, bh, HKV=hkv, G=group, BG=bg, N_SEL=sel_count,
-        SEL=sel_block, WB=WIN_BLOCK, NWP=nwp, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags,
-        **launch_pdl, **tiles.launch("dblk"))
     out = common.empty_out(b, 1, hq, dv, dtype=q.dtype, device=dev)
-    _dec_out[(bh, ncol)](oc, bml, bacc, wml, wacc, gates, out, sync, gates.stride(0), gates.stride(2),
-                         gates.stride(3), out.stride(0), out.stride(2), bh, HKV=hkv, G=group, BG=bg, NSPL=sel_count, NWP=nwp,
-                         NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv, BDV=bdv, DVC=dvc, PDL=pdl, FLAGS=flags,
-                         **launch_pdl, num_warps=tiles.dout_warps)
+    host = interpreting()
+    loop = dict(NCH_HOST=nch if host else 0, DYN=not host)
+    try:
+        if nch or flags:           # with flags, program 0 of each group also resets two counts
+            _dec_cmp[(max(nch, 1), bh)](q, k_cmp, v_cmp, pml, pacc, psc, psp, sync, q.stride(0), q.stride(2),
+                                k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1),
+                                v_cmp.stride(2), nvis, nch, nbh, scale, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e, D=stride,
+                                DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags,
+                                **tiles.launch("dec"))
+        _dec_topn[(1 + ncol, bh)](pml, pacc, psc, psp, s, idx, oc, sync, idx.stride(0), idx.stride(2), nch, nb, cur,
+                                  nbh, **loop, HKV=hkv, BG=bg, NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count),
+                                  CB=tiles.dec_cb,
+                                  **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap, tiles.topn_nchunk,
+                                                tiles.dtop_sort64),
+                                  DVC=dvc, BDV=bdv, PDL=pdl, FLAGS=flags, **launch_pdl, num_warps=tiles.dtop_warps)
+        _dec_blocks[(sel_count + nwp, bh)](
+            q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, sync, q.stride(0), q.stride(2), k_sel.stride(0),
+            k_sel.stride(1), k_sel.stride(2), v_sel.stride(0), v_sel.stride(1), v_sel.stride(2), k_win.stride(0),
+            k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2), idx.stride(0),
+            idx.stride(2), t, k_sel.shape[1], t + 1 - k_win.shape[1], scale, nbh, HKV=hkv, G=group, BG=bg,
+            N_SEL=sel_count, SEL=sel_block, WB=WIN_BLOCK, NWP=nwp, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact,
+            PDL=pdl, FLAGS=flags, **launch_pdl, **tiles.launch("dblk"))
+        _dec_out[(bh, ncol)](oc, bml, bacc, wml, wacc, gates, out, sync, gates.stride(0), gates.stride(2),
+                             gates.stride(3), out.stride(0), out.stride(2), nbh, nch, HKV=hkv, G=group, BG=bg,
+                             NSPL=sel_count, NWP=nwp, NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv, BDV=bdv, DVC=dvc,
+                             PDL=pdl, FLAGS=flags, **launch_pdl, num_warps=tiles.dout_warps)
+    except BaseException:
+        if flags and counts is not None:
+            counts.zero_()            # kernels launched before the failure counted; the next step starts at 0
+        raise
     return out, idx
