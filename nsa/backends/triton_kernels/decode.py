@@ -28,7 +28,9 @@ while the one before still runs, once every program of that kernel has started. 
 programs, B's top-n and merge programs and C's programs count themselves done per group (a
 barrier, then a release atomic), and the programs that read them spin on those counts (acquire)
 - so a group's top-n, selected blocks and merge run while later groups' chunks still stream.
-The spin cannot block what it waits for: those programs have all started. Without it each
+The spin cannot block what it waits for: those programs have all started. The counts live in a
+buffer the caller keeps (NSACache; `_counts`), which the step resets itself (A and D, see
+their docstrings) rather than by a zeroing kernel before A. Without `dec_flags` each
 waits for the whole grid before it (`griddepcontrol.wait`). C's window programs need nothing
 from B and do not wait. A reads what the step's earlier torch kernels wrote, and those do not
 signal dependents, so A is launched normally.
