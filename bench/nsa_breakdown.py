@@ -134,6 +134,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def decode_inputs(t: int, b: int, device: str, dtype):
+    """The issue's decode layout, random (seed 0): q `[b, 1, 64, 128]`, gates `[b, 1, 64, 3]`, one
+    raw K/V `[b, t, 4, 128]` for every branch and its compressed K/V (l 32, d 16). Shared with
+    bench/experiments/decode_chain.py, so both time the same inputs."""
+    import torch
+
+    from nsa import ops
+
+    g = torch.Generator(device=device).manual_seed(0)
+    r = lambda *s: torch.randn(*s, device=device, dtype=dtype, generator=g)  # noqa: E731
+    q, gates = r(b, 1, 64, 128), torch.sigmoid(r(b, 1, 64, 3))
+    k, v = r(b, t, 4, 128), r(b, t, 4, 128)
+    kc, vc = ops.compress_kv(k, v, block=32, stride=16)
+    return q, gates, k, v, kc, vc
+
+
 def _decode(args) -> int:
     """Decode stages at t = T - 1 for B sequences (the decode suite's target layout), CUDA graphs."""
     import torch
@@ -147,12 +163,8 @@ def _decode(args) -> int:
     if not torch.cuda.is_available():
         print("nsa_breakdown needs CUDA", file=sys.stderr)
         return 2
-    dev, dt, t, b = "cuda", torch.bfloat16, args.T, args.decode_batch
-    g = torch.Generator(device=dev).manual_seed(0)
-    r = lambda *s: torch.randn(*s, device=dev, dtype=dt, generator=g)  # noqa: E731
-    q, gates = r(b, 1, 64, 128), torch.sigmoid(r(b, 1, 64, 3))
-    k, v = r(b, t, 4, 128), r(b, t, 4, 128)
-    kc, vc = ops.compress_kv(k, v, block=32, stride=16)
+    dev, t, b = "cuda", args.T, args.decode_batch
+    q, gates, k, v, kc, vc = decode_inputs(t, b, dev, torch.bfloat16)
     s0 = t - 1
     o_cmp, scores = triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64,
                                                      scale=128 ** -0.5, q_start=s0)

@@ -28,8 +28,8 @@ import sys
 sys.path.insert(0, os.getcwd())
 import torch
 
+from bench.nsa_breakdown import decode_inputs
 from bench.timing import Timer, measure
-from nsa import ops
 from nsa.backends import triton_nsa
 from nsa.backends.triton_kernels import decode as dec
 from nsa.backends.triton_kernels.tiles import Tiles, current, use_tiles
@@ -59,12 +59,7 @@ def _cut(module, after: int):
 def _cell(t: int, b: int, dev: str, base: Tiles, variants: list[dict], prev, gpu: str) -> dict | None:
     """One cache length: every run's step and its cuts timed together; None if a run's blocks
     differ from the default's."""
-    dt = torch.bfloat16 if dev == "cuda" else torch.float32
-    g = torch.Generator(device=dev).manual_seed(0)
-    r = lambda *s: torch.randn(*s, device=dev, dtype=dt, generator=g)  # noqa: E731
-    q, gates = r(b, 1, 64, 128), torch.sigmoid(r(b, 1, 64, 3))
-    k, v = r(b, t, 4, 128), r(b, t, 4, 128)
-    kc, vc = ops.compress_kv(k, v, block=32, stride=16)
+    q, gates, k, v, kc, vc = decode_inputs(t, b, dev, torch.bfloat16 if dev == "cuda" else torch.float32)
     kw, vw = k[:, -512:], v[:, -512:]
 
     kept = triton_nsa.decode_counts(b * 4, dev)   # as NSACache keeps one: whole steps leave it zero
