@@ -91,6 +91,19 @@ class Tiles:
     dblk_warps: int = 2           # decode.py kernel C (selected and window blocks)
     dblk_stages: int | None = None
     dec_max_blocks: int = 8192    # decode.py: top-n in one program up to this many selection blocks
+    dec_a_pdl: bool = False       # EXPERIMENT decode.py kernel A by dependent launch too (gdc_wait first)
+    dec_spin: int = 0             # EXPERIMENT waits poll by 0: atomic add 0, 1: ld.acquire
+    dec_spin_ns: int = 0          # EXPERIMENT nanosleep between polls
+    dec_v_early: bool = False     # EXPERIMENT kernel A loads V before the product
+    dtop_one: int = 0             # EXPERIMENT kernel B: score row from up to this many chunks in one load (0: off)
+    dblk_v_early: bool = False    # EXPERIMENT kernel C loads V before the product
+    dout_wait2: bool = False      # EXPERIMENT kernel D polls both counts together
+    dec_persist: int = 0          # EXPERIMENT kernel A persistent: programs per SM (0: one per chunk)
+    dtop_prefetch: int = 0        # EXPERIMENT kernel B: the selected blocks prefetched into L2 (1 after, 2 before the signal)
+    dout_pdl: bool = True         # EXPERIMENT kernel D by dependent launch
+    dec_one: bool = False         # EXPERIMENT the step in one launch by tickets (decode.py _dec_step)
+    dec_lags: tuple = (1, 2, 4)   # EXPERIMENT ... B, C, D programs of group s - lag in segment s
+    dec_sub: int = 0              # EXPERIMENT kernel A: keys per tile of a pipelined loop over the chunk (0: one tile)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -100,14 +113,18 @@ class Tiles:
                     raise ValueError(f"Tiles.{f.name} must be one of {TOPN_ALGOS}, got {value!r}")
                 continue
             if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64",
-                          "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32", "dec_flags"):
+                          "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32", "dec_flags",
+                          "dec_a_pdl", "dec_v_early", "dblk_v_early", "dout_wait2", "dout_pdl", "dec_one"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
+                continue
+            if f.name == "dec_lags":
+                object.__setattr__(self, "dec_lags", tuple(value))
                 continue
             if value is None and f.name.endswith("_stages"):
                 continue
             # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
-            low = 0 if f.name in ("sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows") else 1
+            low = 0 if f.name in ("dtop_prefetch", "dec_persist", "dtop_one", "dec_sub", "dec_spin", "dec_spin_ns", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
                                  "triton_kernels/tiles.py for the meaning of each field")
