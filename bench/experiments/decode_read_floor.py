@@ -35,7 +35,6 @@ from bench.timing import Timer, measure
 from nsa.backends import triton_nsa
 from nsa.backends.triton_kernels import decode as dec
 
-
 LOOPS = [(128, 32, 3, 4), (128, 64, 2, 4), (256, 64, 3, 4), (256, 32, 4, 4), (512, 64, 3, 4), (512, 64, 4, 8),
          (1024, 64, 3, 4), (1024, 64, 4, 4), (512, 128, 2, 8), (256, 64, 2, 4)]
 
@@ -82,57 +81,64 @@ def _read_loop(Q, K, V, OUT, skb, skt, skh, nvis, nch, HKV: tl.constexpr, CH: tl
     tl.store(OUT + bh * nch + c, tl.sum(tl.sum(acc, 1), 0))
 
 
+def _cell(t: int, b: int, dev: str) -> dict:
+    """Every candidate at cache length t, timed together."""
+    q, gates, k, v, kc, vc = decode_inputs(t, b, dev, torch.bfloat16)
+    kw, vw = k[:, -512:], v[:, -512:]
+    head = {"tok": (kc, vc), "head": tuple(x.transpose(1, 2).contiguous().transpose(1, 2) for x in (kc, vc))}
+    hkv, tc = kc.shape[2], kc.shape[1]
+    nvis = min(tc, (t - 32) // 16 + 1)
+    nch = triton.cdiv(nvis, 128)
+    out = torch.empty(b * hkv * nch, device=dev)
+    kept = triton_nsa.decode_counts(b * hkv, dev)
+
+    def step(after, kk, vv):
+        def fn():
+            with _cut(dec, after):
+                return triton_nsa.decode_step(q, gates, kk, vv, k, v, kw, vw, t=t - 1, block=32, stride=16,
+                                              sel_block=64, sel_count=16, window=512, scale=128 ** -0.5,
+                                              counts=kept if after == 4 else None)
+        return fn
+
+    def read(kk, vv, w):
+        return lambda: _read[(nch, b * hkv)](kk, vv, out, kk.stride(0), kk.stride(1), kk.stride(2), nvis, nch, HKV=hkv,
+                                             CH=128, D=128, num_warps=w)
+
+    def read_loop(kk, vv, ch, sub, st, w):
+        nl = triton.cdiv(nvis, ch)
+        return lambda: _read_loop[(nl, b * hkv)](q, kk, vv, out, kk.stride(0), kk.stride(1), kk.stride(2), nvis, nl,
+                                                 HKV=hkv, CH=ch, SUB=sub, D=128, STAGES=st, num_warps=w)
+
+    fns = {"null": lambda: _null[(1,)](out), "zeros": lambda: torch.zeros(4, b * hkv, dtype=torch.int32, device=dev)}
+    for lay, (kk, vv) in head.items():
+        for w in (4, 8):
+            fns[f"read-{lay}-w{w}"] = read(kk, vv, w)
+        if lay == "tok":
+            for ch, sub, st, w in LOOPS:
+                fns[f"loop-{ch}-{sub}-s{st}-w{w}"] = read_loop(kk, vv, ch, sub, st, w)
+        fns[f"A-{lay}"] = step(1, kk, vv)
+        fns[f"step-{lay}"] = step(4, kk, vv)
+    ref = step(4, kc, vc)()
+    alt = step(4, *head["head"])()
+    assert torch.equal(ref[1], alt[1]) and torch.equal(ref[0], alt[0]), "head-major cache changed the step"
+    samples = measure(fns, Timer(warmup_ms=25, rep_ms=300, cuda_graph=True), device=dev)
+    med = {key: statistics.median(x) * 1000 for key, x in samples.items()}
+    mb = 2 * kc[:, :nvis].numel() * kc.element_size() / 1e6
+    print(f"S={t} B={b}: compressed K+V {mb:.1f} MB, medians us:")
+    for key, val in med.items():
+        print(f"  {key:22s} {val:7.1f}" + (f"   {mb / val:.2f} TB/s" if key.startswith(("read", "loop")) else ""))
+    return {"S": t, "mbytes": mb, "median_us": med, "samples_ms": samples}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--S", default="8192,65536")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    dev, b = "cuda", args.batch
-    report = {"gpu": torch.cuda.get_device_name(), "batch": b, "cells": []}
+    report = {"gpu": torch.cuda.get_device_name(), "batch": args.batch, "cells": []}
     for t in (int(x) for x in args.S.split(",")):
-        q, gates, k, v, kc, vc = decode_inputs(t, b, dev, torch.bfloat16)
-        kw, vw = k[:, -512:], v[:, -512:]
-        head = {"tok": (kc, vc), "head": tuple(x.transpose(1, 2).contiguous().transpose(1, 2) for x in (kc, vc))}
-        hkv, tc = kc.shape[2], kc.shape[1]
-        nvis = min(tc, (t - 32) // 16 + 1)
-        nch = triton.cdiv(nvis, 128)
-        out = torch.empty(b * hkv * nch, device=dev)
-        kept = triton_nsa.decode_counts(b * hkv, dev)
-        fns = {"null": lambda: _null[(1,)](out), "zeros": lambda: torch.zeros(4, b * hkv, dtype=torch.int32, device=dev)}
-        for lay, (kk, vv) in head.items():
-            for w in (4, 8):
-                fns[f"read-{lay}-w{w}"] = (lambda kk=kk, vv=vv, w=w: _read[(nch, b * hkv)](
-                    kk, vv, out, kk.stride(0), kk.stride(1), kk.stride(2), nvis, nch, HKV=hkv, CH=128, D=128,
-                    num_warps=w))
-
-            if lay == "tok":
-                for ch, sub, st, w in LOOPS:
-                    nl = triton.cdiv(nvis, ch)
-                    fns[f"loop-{ch}-{sub}-s{st}-w{w}"] = (lambda kk=kk, vv=vv, ch=ch, sub=sub, st=st, w=w, nl=nl:
-                        _read_loop[(nl, b * hkv)](q, kk, vv, out, kk.stride(0), kk.stride(1), kk.stride(2), nvis, nl,
-                                                  HKV=hkv, CH=ch, SUB=sub, D=128, STAGES=st, num_warps=w))
-
-            def step(after, kk=kk, vv=vv):
-                def fn():
-                    with _cut(dec, after):
-                        return triton_nsa.decode_step(q, gates, kk, vv, k, v, kw, vw, t=t - 1, block=32, stride=16,
-                                                      sel_block=64, sel_count=16, window=512, scale=128 ** -0.5,
-                                                      counts=kept if after == 4 else None)
-                return fn
-            fns[f"A-{lay}"] = step(1)
-            fns[f"step-{lay}"] = step(4)
-        ref = step(4)()
-        alt = triton_nsa.decode_step(q, gates, *head["head"], k, v, kw, vw, t=t - 1, block=32, stride=16, sel_block=64,
-                                     sel_count=16, window=512, scale=128 ** -0.5, counts=kept)
-        assert torch.equal(ref[1], alt[1]) and torch.equal(ref[0], alt[0]), "head-major cache changed the step"
-        samples = measure(fns, Timer(warmup_ms=25, rep_ms=300, cuda_graph=True), device=dev)
-        med = {key: statistics.median(x) * 1000 for key, x in samples.items()}
-        mb = 2 * kc[:, :nvis].numel() * kc.element_size() / 1e6
-        print(f"S={t} B={b}: compressed K+V {mb:.1f} MB, medians us:")
-        for key, val in med.items():
-            print(f"  {key:22s} {val:7.1f}" + (f"   {mb / val:.2f} TB/s" if key.startswith(("read", "loop")) else ""))
-        report["cells"].append({"S": t, "mbytes": mb, "median_us": med, "samples_ms": samples})
+        report["cells"].append(_cell(t, args.batch, "cuda"))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)

@@ -25,11 +25,7 @@ from nsa.backends import triton_nsa
 from nsa.backends.triton_kernels import decode as dec
 from nsa.backends.triton_kernels.tiles import current
 
-SLOTS = {0: "A last end", 1: "A first start", 10: "B top-n start", 2: "B top-n waited", 3: "B top-n end",
-         4: "B merges end", 11: "C sel first start", 5: "C sel waited", 6: "C sel end", 12: "C win first start",
-         7: "C win end", 13: "D first start", 8: "D waited", 9: "D end", 14: "B top-n row stored",
-         15: "B top-n selected"}
-MIN_SLOTS = (1, 10, 11, 12, 13)
+SLOTS = dec.TRACE_NAMES
 
 
 def main() -> int:
@@ -53,11 +49,11 @@ def main() -> int:
         q, gates, k, v, kc, vc = decode_inputs(t, b, dev, torch.bfloat16)
         groups = b * 4
         counts = triton_nsa.decode_counts(groups, dev)
-        init = torch.zeros(groups, 16, dtype=torch.int64, device=dev)
-        init[:, list(MIN_SLOTS)] = torch.iinfo(torch.int64).max
+        init = torch.zeros(groups, dec.TRACE_SLOTS.value, dtype=torch.int64, device=dev)
+        init[:, list(dec.TRACE_MIN_SLOTS)] = torch.iinfo(torch.int64).max
         trace = init.clone()
 
-        def step():
+        def step(trace=trace, init=init, counts=counts, q=q, gates=gates, k=k, v=v, kc=kc, vc=vc, t=t):
             trace.copy_(init)
             dec.decode_step(q, gates, kc, vc, k, v, k[:, -512:], v[:, -512:], t=t - 1, block=32, stride=16,
                             sel_block=64, sel_count=16, window=512, scale=128 ** -0.5, tiles=tiles, counts=counts,

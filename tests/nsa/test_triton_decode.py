@@ -132,22 +132,81 @@ def test_triton_decode_counts_rejected_and_zeroed_on_failure(monkeypatch):
         assert not counts.any()
 
 
+@pytest.mark.parametrize("once", [0, 4], ids=["rows-by-loop", "rows-at-once"])
 @pytest.mark.parametrize("algo", ["filter", "filter-rounds", "argmax"])
 @pytest.mark.parametrize("t", [5, 299, 600, 1100])
-def test_triton_decode_topn_algorithms(algo, t, seed):
+def test_triton_decode_topn_algorithms(algo, t, once, seed):
     """Kernel B's top-n by each algorithm of topn._select_row (the filter with a cap of 16, so a
     row of 64 blocks compacts, then int64 keys and one sort or the arg-max rounds; its scratch
     follows the score row in the NaN-poisoned scratch). Chunk partials 2 per load, so kernels B
     and D loop: t = 5 has no compressed token, t = 299 / 600 / 1100 have 2 / 3 / 5 chunks of the
-    CPU profile's 64 compressed keys."""
+    CPU profile's 64 compressed keys. The score row by the loop (Tiles.dtop_once = 0) or from one
+    set of loads for up to 4 chunks (so t = 1100 takes the loop: the bound is tested both ways)."""
     base = triton_nsa.current_tiles(DEV)
     q, gates, caches, scale, ref, ref_idx = _step(SHAPES[0], t)
     with triton_nsa.use_tiles(dataclasses.replace(base, dtop_algo=algo.split("-")[0], topn_cap=16,
-                                                  dtop_sort64=algo == "filter", dec_cb=2)):
+                                                  dtop_sort64=algo == "filter", dec_cb=2, dtop_once=once)):
         out, idx = triton_nsa.decode_step(q, gates, *caches, t=t, block=L, stride=D, sel_block=SEL, sel_count=N,
                                           window=W, scale=scale)
     assert torch.equal(idx.long().cpu(), ref_idx)
     assert rel_err(out, ref) < 1e-5
+
+
+def test_triton_decode_trace_rejected_without_gpu_timer():
+    """`_trace` (the kernels' global-timer stamps) needs an int64 [>= groups, TRACE_SLOTS] buffer
+    on the step's GPU; a wrong one, or Triton's interpreter (no timer), is refused before a launch."""
+    q, gates, caches, scale, ref, ref_idx = _step(SHAPES[0], 299)
+    kw = dict(t=299, block=L, stride=D, sel_block=SEL, sel_count=N, window=W, scale=scale,
+              tiles=triton_nsa.current_tiles(DEV))
+    bad = [torch.zeros(4, 16, dtype=torch.int32, device=DEV), torch.zeros(1, 16, dtype=torch.int64, device=DEV),
+           torch.zeros(4, 8, dtype=torch.int64, device=DEV)]
+    if DEV == "cpu":
+        bad.append(torch.zeros(4, triton_dec.TRACE_SLOTS.value, dtype=torch.int64))
+    for tr in bad:
+        with pytest.raises(ValueError, match="_trace must be"):
+            triton_dec.decode_step(q, gates, *caches, _trace=tr, **kw)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="the kernels' global timer needs CUDA")
+@pytest.mark.gpu
+def test_triton_decode_trace_orders_each_group_chain_on_gpu(seed):
+    """The global-timer stamps of a step with per-group waits (Tiles.dec_flags, dependent launch),
+    bf16, the paper's sizes, 64/4 heads, B = 2 at t = 20000 (10 chunks): the output is the same with
+    and without them, and in every group the chain runs in its order: A's chunks before the
+    top-n passes its wait, the top-n before the selected blocks pass theirs, the selected and
+    window blocks and B's merges before D passes its waits. A wait that let a program through
+    early (a count in the wrong slot, a missing barrier) shows as a stamp out of order."""
+    b, hq, hkv, t = 2, 64, 4, 20000
+    g = torch.Generator(device=DEV).manual_seed(0)
+
+    def r(*s):
+        return torch.randn(*s, device=DEV, dtype=torch.bfloat16, generator=g)
+
+    q, gates = r(b, 1, hq, 128), torch.sigmoid(r(b, 1, hq, 3))
+    k, v = r(b, t + 1, hkv, 128), r(b, t + 1, hkv, 128)
+    kc, vc = reference.compress_avg(k, 32, 16).to(DEV, torch.bfloat16), reference.compress_avg(v, 32, 16).to(
+        DEV, torch.bfloat16)
+    tiles = dataclasses.replace(triton_nsa.current_tiles(DEV), dec_flags=True)
+    if not triton_dec.pdl_ok(torch.device(DEV)):
+        pytest.skip("per-group waits need programmatic dependent launch (sm90+)")
+    kw = dict(t=t, block=32, stride=16, sel_block=64, sel_count=16, window=512, scale=128 ** -0.5, tiles=tiles)
+    counts = triton_nsa.decode_counts(b * hkv, DEV)
+    want = triton_dec.decode_step(q, gates, kc, vc, k, v, k[:, -512:], v[:, -512:], counts=counts, **kw)
+    for _ in range(3):
+        tr = torch.zeros(b * hkv, triton_dec.TRACE_SLOTS.value, dtype=torch.int64, device=DEV)
+        tr[:, list(triton_dec.TRACE_MIN_SLOTS)] = torch.iinfo(torch.int64).max
+        got = triton_dec.decode_step(q, gates, kc, vc, k, v, k[:, -512:], v[:, -512:], counts=counts, _trace=tr, **kw)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        s = {name: tr[:, slot].cpu() for slot, name in triton_dec.TRACE_NAMES.items()}
+        assert (s["A first start"] > 0).all() and (s["D end"] < torch.iinfo(torch.int64).max).all()
+        chain = ["A first start", "A last end", "B top-n waited", "B top-n row stored", "B top-n selected",
+                 "B top-n end", "C sel waited", "C sel end", "D waited", "D end"]
+        for before, after in zip(chain, chain[1:], strict=False):
+            assert (s[before] <= s[after]).all(), (before, after, s[before] - s[after])
+        for before in ("B merges end", "C win end"):
+            assert (s[before] <= s["D waited"]).all(), before
+        assert (s["A last end"] <= s["B merges end"]).all()
+        # "end": before the program's signal (decode.py _stamp), so a waiter's stamps follow it
 
 
 def test_triton_decode_module_paths_agree(seed):

@@ -64,6 +64,14 @@ except ImportError:   # pragma: no cover - older Triton: the step runs without i
     gdc_launch_dependents = gdc_wait = None
 
 WIN_BLOCK = 64   # window keys per window program of kernel C
+# `decode_step(_trace=)`: per group, the global timer (ns) at these points of the step; the max over
+# the programs that stamp a slot, or the min for MIN_SLOTS (bench/experiments/decode_trace.py)
+TRACE_SLOTS = tl.constexpr(16)
+TRACE_NAMES = {0: "A last end", 1: "A first start", 10: "B top-n start", 2: "B top-n waited", 14: "B top-n row stored",
+               15: "B top-n selected", 3: "B top-n end", 4: "B merges end", 11: "C sel first start", 5: "C sel waited",
+               6: "C sel end", 12: "C win first start", 7: "C win end", 13: "D first start", 8: "D waited",
+               9: "D end"}
+TRACE_MIN_SLOTS = (1, 10, 11, 12, 13)
 
 
 def _counts(n: int, device: torch.device) -> Tensor:
@@ -71,7 +79,7 @@ def _counts(n: int, device: torch.device) -> Tensor:
     groups (A's chunks, B's merges, B's top-n, C's programs). A step resets them itself (kernel A
     the second and fourth, kernel D the others), so a caller that keeps one (NSACache) passes it
     to every step and no step runs a zeroing kernel (~1.5 us of a 60 us step)."""
-    return torch.zeros(5, n, dtype=torch.int32, device=device)
+    return torch.zeros(4, n, dtype=torch.int32, device=device)
 
 
 def _scratch(n: int, device: torch.device, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -82,24 +90,19 @@ def _scratch(n: int, device: torch.device, dtype: torch.dtype = torch.float32) -
 
 @triton.jit
 def _attend_block(q, Kb, Vb, skt, svt, kpos, valid, scale,
-                  DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr,
-                  VEARLY: tl.constexpr = False):
+                  DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr):
     """Softmax partial of the group's heads over one block of keys at rows `kpos` (masked by
     `valid`): (row max m, p = exp(logit - m), acc = p @ V); the row sum of p is l."""
     offs_dk = tl.arange(0, BDK)
     offs_dv = tl.arange(0, BDV)
     k = tl.load(Kb + kpos[:, None].to(tl.int64) * skt + offs_dk[None, :],
                 mask=valid[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    if VEARLY:
-        v = tl.load(Vb + kpos[:, None].to(tl.int64) * svt + offs_dv[None, :],
-                    mask=valid[:, None] & (offs_dv[None, :] < DV), other=0.0)
     qk = _dot(q, tl.trans(k), IEEE)
     qk = tl.where(valid[None, :], qk * scale, float("-inf"))
     m = tl.max(qk, 1)
     p = tl.exp(qk - tl.where(m == float("-inf"), 0.0, m)[:, None])
-    if not VEARLY:
-        v = tl.load(Vb + kpos[:, None].to(tl.int64) * svt + offs_dv[None, :],
-                    mask=valid[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    v = tl.load(Vb + kpos[:, None].to(tl.int64) * svt + offs_dv[None, :],
+                mask=valid[:, None] & (offs_dv[None, :] < DV), other=0.0)
     acc = _pv(p, v, IEEE)
     return m, p, acc
 
@@ -133,64 +136,28 @@ def _signal(ptr):
 
 
 @triton.jit
-def _ld_acquire(ptr):
-    return tl.inline_asm_elementwise("ld.global.acquire.gpu.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
-def _nap(x, NS: tl.constexpr):
-    return tl.inline_asm_elementwise("nanosleep.u32 $2; mov.u32 $0, $1;", "=r,r,r", [x, x * 0 + NS], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
-def _poll(ptr, SPIN: tl.constexpr):
-    if SPIN == 1:
-        return _ld_acquire(ptr)
-    else:
-        return tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-
-
-@triton.jit
-def _await(ptr, target, FLAGS: tl.constexpr, SPIN: tl.constexpr = 0, SNS: tl.constexpr = 0):
+def _await(ptr, target, FLAGS: tl.constexpr):
     """Wait until the count at `ptr` reaches `target` (acquire reads). Only programs launched after
     every program they wait for has started spin here (Tiles.dec_flags: a dependent launch
     starts when all programs of the kernel before it have started), so the wait always ends.
     FLAGS = 2 (the interpreter, where kernels run one after another): no spin (tests check the
     final counts instead, `_counts`)."""
     if FLAGS == 1:
-        seen = _poll(ptr, SPIN)
+        seen = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
         while seen < target:
-            if SNS > 0:
-                seen = _nap(seen, SNS)
-            seen = _poll(ptr, SPIN)
+            seen = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
 
 
 @triton.jit
-def _now(x):
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
-def _stamp(TR, bh, slot, MAX: tl.constexpr):
-    """EXPERIMENT (trace): the global timer into TR[bh, slot], the max or min over programs."""
-    t = _now(tl.program_id(0))
+def _stamp(TR, bh, slot: tl.constexpr, MAX: tl.constexpr):
+    """Diagnostics (`decode_step(_trace=)`, bench/experiments/decode_trace.py): the GPU's global
+    timer (ns) into TR[bh, slot], the max (MAX) or min over the programs that stamp there."""
+    now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [bh], dtype=tl.int64, is_pure=False,
+                                    pack=1)
     if MAX:
-        tl.atomic_max(TR + bh * 16 + slot, t, sem="relaxed", scope="gpu")
+        tl.atomic_max(TR + bh * TRACE_SLOTS + slot, now, sem="relaxed", scope="gpu")
     else:
-        tl.atomic_min(TR + bh * 16 + slot, t, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _await2(p1, t1, p2, t2, FLAGS: tl.constexpr):
-    """EXPERIMENT: both counts polled together."""
-    if FLAGS == 1:
-        a = tl.atomic_add(p1, 0, sem="acquire", scope="gpu")
-        b = tl.atomic_add(p2, 0, sem="acquire", scope="gpu")
-        while (a < t1) | (b < t2):
-            a = tl.atomic_add(p1, 0, sem="acquire", scope="gpu")
-            b = tl.atomic_add(p2, 0, sem="acquire", scope="gpu")
+        tl.atomic_min(TR + bh * TRACE_SLOTS + slot, now, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -198,15 +165,12 @@ def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, TR, sqb, sqh, skb, skt, skh, 
              HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr,
              E: tl.constexpr, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
              BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr,
-             APDL: tl.constexpr = False, VEARLY: tl.constexpr = False, SUB: tl.constexpr = 0,
-             DYN: tl.constexpr = True, TRACE: tl.constexpr = 0):
+             TRACE: tl.constexpr):
     """Program (c, bh), c < nch: chunk `c` of the compressed keys of (sequence, KV group) `bh`
     (`_chunk_role`); FLAGS: then counted done in SYNC[0][bh]. FLAGS, c = 0 (the grid has it even
     when nch = 0): first sets the group's counts SYNC[1] and SYNC[3], which the last step left
     at their targets, back to 0, before it lets kernel B start (so before any program of this
     step can count there); kernel D set SYNC[0] and SYNC[2] back to 0."""
-    if APDL:
-        gdc_wait()
     c = tl.program_id(0)
     bh = tl.program_id(1)
     if TRACE:
@@ -221,67 +185,19 @@ def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, TR, sqb, sqh, skb, skt, skh, 
         gdc_launch_dependents()    # kernel B may start its programs (they wait for this grid)
     if c < nch:
         b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-        if SUB:
-            _chunk_role_sub(Q, KC, VC, PML, PACC, PSC, PSP, b, bh % HKV, bh * nch + c, c, sqb, sqh, skb, skt, skh, svb,
-                            svt, svh, nvis, scale, G, BG, CH, SUB, R, E, D, DK, DV, BDK, BDV, IEEE, DYN)
-        else:
-            _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, bh % HKV, bh * nch + c, c, sqb, sqh, skb, skt, skh, svb, svt,
-                        svh, nvis, scale, G, BG, CH, R, E, D, DK, DV, BDK, BDV, IEEE, VEARLY)
+        _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, bh % HKV, bh * nch + c, c, sqb, sqh, skb, skt, skh, svb, svt,
+                    svh, nvis, scale, G, BG, CH, R, E, D, DK, DV, BDK, BDV, IEEE)
+        if TRACE:                  # before the signal, so a waiting program's stamps come after it
+            _stamp(TR, bh, 0, True)
         if FLAGS:
             _signal(SYNC + bh)
-        if TRACE:
-            _stamp(TR, bh, 0, True)
-
-
-@triton.jit
-def _dec_cmp_persist(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis, nch, nbh,
-                     ngroups, nprog, scale, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr,
-                     R: tl.constexpr, E: tl.constexpr, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                     BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr,
-                     STAGES: tl.constexpr, DYN: tl.constexpr, ITERS_HOST: tl.constexpr, GITERS_HOST: tl.constexpr):
-    """EXPERIMENT: kernel A with `nprog` programs, each walking chunks `pid, pid + nprog, ...` (group-major)
-    in a pipelined loop (the next chunk's K/V loaded while this one computes)."""
-    pid = tl.program_id(0)
-    if FLAGS:
-        z = 0
-        for i in range(0, tl.cdiv(ngroups - pid, nprog) if DYN else GITERS_HOST):
-            g = pid + i * nprog
-            if g < ngroups:
-                z = z | tl.atomic_xchg(SYNC + nbh + g, 0, sem="relaxed", scope="gpu")
-                z = z | tl.atomic_xchg(SYNC + 3 * nbh + g, 0, sem="relaxed", scope="gpu")
-        if PDL:
-            if z >= 0:
-                gdc_launch_dependents()
-    elif PDL:
-        gdc_launch_dependents()
-    total = nch * ngroups
-    if DYN:
-        for w in tl.range(pid, total, nprog, num_stages=STAGES):
-            bh = w // nch
-            c = w % nch
-            b = (bh // HKV).to(tl.int64)
-            _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, bh % HKV, w, c, sqb, sqh, skb, skt, skh, svb, svt,
-                        svh, nvis, scale, G, BG, CH, R, E, D, DK, DV, BDK, BDV, IEEE, False)
-            if FLAGS:
-                _signal(SYNC + bh)
-    else:
-        for i in range(0, ITERS_HOST):
-            w = pid + i * nprog
-            if w < total:
-                bh = w // nch
-                c = w % nch
-                b = (bh // HKV).to(tl.int64)
-                _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, bh % HKV, w, c, sqb, sqh, skb, skt, skh, svb, svt,
-                            svh, nvis, scale, G, BG, CH, R, E, D, DK, DV, BDK, BDV, IEEE, False)
-                if FLAGS:
-                    _signal(SYNC + bh)
 
 
 @triton.jit
 def _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, h, part, c, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis, scale,
                 G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr, E: tl.constexpr,
                 D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
-                IEEE: tl.constexpr, VEARLY: tl.constexpr):
+                IEEE: tl.constexpr):
     """Chunk `c` = compressed keys `[c*CH, (c+1)*CH)`, visible below `nvis`, for the G heads of one
     (sequence, KV group): (m, l) -> PML[part, 0/1, g], acc -> PACC[part, g], block-score partial
     of blocks `c*CH/R + i` -> PSC[part, g, i] and the spill into block `(c+1)*CH/R` -> PSP[part, g]
@@ -291,7 +207,7 @@ def _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, h, part, c, sqb, sqh, skb, sk
     q = _group_q(Q, b, h, sqb, sqh, G, BG, DK, BDK)
     offs_c = c * CH + tl.arange(0, CH)
     m, p, acc = _attend_block(q, KC + b * skb + h * skh, VC + b * svb + h * svh, skt, svt, offs_c, offs_c < nvis,
-                              scale, DK, DV, BDK, BDV, IEEE, VEARLY)
+                              scale, DK, DV, BDK, BDV, IEEE)
     # Padded head rows (q = 0) leave the partial empty, so they add nothing to the group's scores.
     m = tl.where(g_ok, m, float("-inf"))
     p = tl.where(g_ok[:, None], p, 0.0)
@@ -303,68 +219,6 @@ def _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, h, part, c, sqb, sqh, skb, sk
     i = tl.arange(0, NBK)
     tl.store(PSC + (part * BG + offs_g)[:, None] * NBK + i[None, :], tot)
     tl.store(PSP + part * BG + offs_g, tl.sum(tl.where(i[None, :] == NBK - 1, nxt, 0.0), 1))
-
-
-@triton.jit
-def _chunk_role_sub(Q, KC, VC, PML, PACC, PSC, PSP, b, h, part, c, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis, scale,
-                    G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, SUB: tl.constexpr, R: tl.constexpr,
-                    E: tl.constexpr, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
-                    BDV: tl.constexpr, IEEE: tl.constexpr, DYN: tl.constexpr):
-    """`_chunk_role` over the chunk in tiles of SUB keys (a loop Triton pipelines: the tiles' K/V
-    go to shared memory ahead of use, not through registers): the softmax online, and the block
-    scores kept as `[BG, CH / R]` relative to the running max, each tile's added by one fp32 dot
-    with its token -> block map (a token's share of its own block and of the next; the next past
-    the chunk is the spill)."""
-    offs_g = tl.arange(0, BG)
-    g_ok = offs_g < G
-    q = _group_q(Q, b, h, sqb, sqh, G, BG, DK, BDK)
-    NBK: tl.constexpr = CH // R
-    offs_dk = tl.arange(0, BDK)
-    offs_dv = tl.arange(0, BDV)
-    j = tl.arange(0, NBK)
-    kk = tl.arange(0, SUB)
-    Kb = KC + b * skb + h * skh
-    Vb = VC + b * svb + h * svh
-    m_run = tl.full([BG], float("-inf"), tl.float32)
-    l_run = tl.zeros([BG], tl.float32)
-    acc = tl.zeros([BG, BDV], tl.float32)
-    tot = tl.zeros([BG, NBK], tl.float32)
-    spill = tl.zeros([BG], tl.float32)
-    rem = nvis - c * CH
-    if rem > CH:
-        rem = CH
-    n_sub = (rem + SUB - 1) // SUB
-    for s in range(0, n_sub if DYN else CH // SUB):   # the interpreter: every tile (the rest masked)
-        loc = s * SUB + kk                          # chunk-local token
-        kpos = c * CH + loc
-        valid = kpos < nvis
-        k = tl.load(Kb + kpos[:, None].to(tl.int64) * skt + offs_dk[None, :],
-                    mask=valid[:, None] & (offs_dk[None, :] < DK), other=0.0)
-        v = tl.load(Vb + kpos[:, None].to(tl.int64) * svt + offs_dv[None, :],
-                    mask=valid[:, None] & (offs_dv[None, :] < DV), other=0.0)
-        qk = _dot(q, tl.trans(k), IEEE)
-        qk = tl.where(valid[None, :], qk * scale, float("-inf"))
-        m_new = tl.maximum(m_run, tl.max(qk, 1))
-        ms = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_run - ms)
-        p = tl.exp(qk - ms[:, None])
-        l_run = l_run * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + _pv(p, v, IEEE)
-        # token loc = jb*R + r gives D*min(R-r, E) to block jb and D*max(0, r+E-R) to jb + 1
-        jb = loc // R
-        r = loc % R
-        w_own = (D * tl.minimum(R - r, E)).to(tl.float32)
-        w_nxt = (D * tl.maximum(r + E - R, 0)).to(tl.float32)
-        wmap = tl.where(j[None, :] == jb[:, None], w_own[:, None], 0.0) + \
-            tl.where(j[None, :] == jb[:, None] + 1, w_nxt[:, None], 0.0)
-        tot = tot * alpha[:, None] + tl.dot(p, wmap, input_precision="ieee")
-        spill = spill * alpha + tl.sum(p * tl.where(jb == NBK - 1, w_nxt, 0.0)[None, :], 1)
-        m_run = m_new
-    m = tl.where(g_ok, m_run, float("-inf"))
-    _store_partial(PML, PACC, part, m, tl.where(g_ok, l_run, 0.0), acc, BG, BDV)
-    part = part.to(tl.int64)
-    tl.store(PSC + (part * BG + offs_g)[:, None] * NBK + j[None, :], tl.where(g_ok[:, None], tot, 0.0))
-    tl.store(PSP + part * BG + offs_g, tl.where(g_ok, spill, 0.0))
 
 
 @triton.jit
@@ -402,14 +256,12 @@ def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constex
 
 
 @triton.jit
-def _dec_topn(PML, PACC, PSC, PSP, S, IDX, OC, SYNC, TR, KS, VS, sksb, skst, sksh, svsb, svst, svsh,
-              sib, sih, nch, NB, cur, nbh,
+def _dec_topn(PML, PACC, PSC, PSP, S, IDX, OC, SYNC, TR, sib, sih, nch, NB, cur, nbh,
               NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, BG: tl.constexpr,
               NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
               ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
-              SORT64: tl.constexpr, DVC: tl.constexpr, BDV: tl.constexpr, PDL: tl.constexpr,
-              FLAGS: tl.constexpr, SPIN: tl.constexpr = 0, SNS: tl.constexpr = 0, ONE: tl.constexpr = 0,
-              TRACE: tl.constexpr = 0, PF: tl.constexpr = 0, SEL: tl.constexpr = 64):
+              SORT64: tl.constexpr, ONCE: tl.constexpr, DVC: tl.constexpr, BDV: tl.constexpr, PDL: tl.constexpr,
+              FLAGS: tl.constexpr, TRACE: tl.constexpr):
     """Per (sequence, KV group) `bh`, program `r` of axis 0 (FLAGS: each waits for its own group's
     chunks, SYNC[0][bh] = nch, instead of kernel A's whole grid, and counts itself done: the
     top-n in SYNC[2][bh], the merges in SYNC[1][bh]):
@@ -429,86 +281,69 @@ def _dec_topn(PML, PACC, PSC, PSP, S, IDX, OC, SYNC, TR, KS, VS, sksb, skst, sks
         if r == 0:
             _stamp(TR, bh, 10, False)
     if FLAGS:
-        _await(SYNC + bh, nch, FLAGS, SPIN, SNS)     # this group's chunk partials are stored and visible
+        _await(SYNC + bh, nch, FLAGS)     # this group's chunk partials are stored and visible
     elif PDL:
         gdc_wait()                 # kernel A's partials are complete and visible
-    if TRACE:
-        if r == 0:
-            _stamp(TR, bh, 2, True)
     if r == 0:
+        if TRACE:
+            _stamp(TR, bh, 2, True)
         _topn_role(PML, PSC, PSP, S, IDX + b * sib + h * sih, bh, nch, NB, cur, NCH_HOST, DYN, BG, NBK, SW, N, BN, CB,
-                   ALGO, IB, K2, CW, CAP, SORT64, ONE, TR + bh * 16, TRACE)
-        if PF == 2:
-            _prefetch_blocks(IDX + b * sib + h * sih, KS + b * sksb + h * sksh, VS + b * svsb + h * svsh, skst, svst,
-                             N, BN, SEL)
-        if FLAGS:
-            _signal(SYNC + 2 * nbh + bh)
+                   ALGO, IB, K2, CW, CAP, SORT64, ONCE, TR, TRACE)
         if TRACE:
             _stamp(TR, bh, 3, True)
-        if PF == 1:
-            _prefetch_blocks(IDX + b * sib + h * sih, KS + b * sksb + h * sksh, VS + b * svsb + h * svsh, skst, svst,
-                             N, BN, SEL)
+        if FLAGS:
+            _signal(SYNC + 2 * nbh + bh)
     else:
         _cmp_merge_role(PML, PACC, OC, bh, r - 1, nch, NCH_HOST, DYN, BG, BDV, CB, DVC)
-        if FLAGS:
-            _signal(SYNC + nbh + bh)
         if TRACE:
             _stamp(TR, bh, 4, True)
-
-
-@triton.jit
-def _prefetch_blocks(out, Kb, Vb, skt, svt, N: tl.constexpr, BN: tl.constexpr, SEL: tl.constexpr):
-    """EXPERIMENT: the rows of the selected blocks (just written to `out`) prefetched into L2."""
-    tl.debug_barrier()
-    n = tl.arange(0, BN)
-    blk = tl.load(out + n, mask=n < N, other=-1)
-    rows = blk[:, None] * SEL + tl.arange(0, SEL)[None, :]
-    ok = (blk >= 0)[:, None] & (rows >= 0)
-    rows = tl.where(ok, rows, 0).to(tl.int64)
-    pk = Kb + rows * skt
-    pv = Vb + rows * svt
-    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.u32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], 256; "
-                              "@p cp.async.bulk.prefetch.L2.global [$2], 256; mov.u32 $0, 0; }",
-                              "=r,l,l,r", [pk, pv, ok.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+        if FLAGS:
+            _signal(SYNC + nbh + bh)
 
 
 @triton.jit
 def _topn_role(PML, PSC, PSP, S, out, bh, nch, NB, cur, NCH_HOST: tl.constexpr, DYN: tl.constexpr, BG: tl.constexpr,
                NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
                ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
-               SORT64: tl.constexpr, ONE: tl.constexpr, TRG, TRACE: tl.constexpr):
-    """Kernel B, r = 0: lse per head, the group's score row in S[bh], its top N -> `out`."""
+               SORT64: tl.constexpr, ONCE: tl.constexpr, TR, TRACE: tl.constexpr):
+    """Kernel B, r = 0: lse per head, the group's score row in S[bh] (`_scores_once` when the
+    group's chunks fit ONCE, else `_scores_loop`), its top N -> `out`."""
     offs_g = tl.arange(0, BG)
     base = bh * nch
     srow = S + bh.to(tl.int64) * (SW + CAP)   # the row, then CAP ints of top-n scratch
     k = tl.arange(0, NBK)
-    if ONE > 0 and nch <= ONE:
-        _scores_one(PML, PSC, PSP, srow, base, nch, offs_g, k, BG, NBK, SW, ONE)
+    if ONCE > 0 and nch <= ONCE:
+        _scores_once(PML, PSC, PSP, srow, base, nch, offs_g, k, BG, NBK, SW, ONCE)
     else:
         _scores_loop(PML, PSC, PSP, srow, base, nch, offs_g, k, NCH_HOST, DYN, BG, NBK, SW, CB)
     jz = tl.arange(0, SW)
     tl.store(srow + jz, tl.zeros([SW], tl.float32), mask=jz >= (nch + 1) * NBK)   # past every chunk: 0
     tl.debug_barrier()
     if TRACE:
-        _stamp(TRG, 0, 14, True)
+        _stamp(TR, bh, 14, True)
     s = _row_scores(srow, srow, jz, NB, cur, 0)
     _select_row(srow, srow, s, jz, NB, cur, out, srow + SW, N, BN, ALGO, IB, K2, CW, CAP, 0, SORT64)
     if TRACE:
-        _stamp(TRG, 0, 15, True)
+        _stamp(TR, bh, 15, True)
 
 
 @triton.jit
 def _lse(m_run, l_run):
-    """Log-sum-exp per head from (max, sum) with +inf where the row saw nothing (so exp(m - lse) is 0)."""
+    """Log-sum-exp per head from (max, sum over the chunks); +inf for a row that sees nothing (and
+    the padded heads), so exp(m - lse) is 0 there."""
     return tl.where(l_run == 0.0, float("inf"),
                     tl.where(m_run == float("-inf"), 0.0, m_run) + tl.log(tl.where(l_run == 0.0, 1.0, l_run)))
 
 
 @triton.jit
-def _scores_one(PML, PSC, PSP, srow, base, nch, offs_g, k, BG: tl.constexpr, NBK: tl.constexpr, SW: tl.constexpr,
-                ONE: tl.constexpr):
-    """EXPERIMENT: the group's score row from all `nch <= ONE` chunks in one set of loads."""
-    c = tl.arange(0, ONE)
+def _scores_once(PML, PSC, PSP, srow, base, nch, offs_g, k, BG: tl.constexpr, NBK: tl.constexpr, SW: tl.constexpr,
+                 ONCE: tl.constexpr):
+    """`_scores_loop` for `nch <= ONCE` chunks with every load issued at once: (m, l), the block
+    partials and the spills of all chunks, then lse and the rows. The loop waits for one L2
+    round trip per CB chunks, twice (lse, then the rows), on the step's chain for the last group
+    (results/h100/decode-tail/). Chunk c's spill goes to block (c+1)*NBK, the first of row c+1 or,
+    for the last chunk, of row nch (which has nothing else)."""
+    c = tl.arange(0, ONCE)
     ok = c < nch
     part = (base + c).to(tl.int64)
     ptr = PML + (part * 2)[:, None] * BG + offs_g[None, :]
@@ -518,24 +353,25 @@ def _scores_one(PML, PSC, PSP, srow, base, nch, offs_g, k, BG: tl.constexpr, NBK
                   mask=ok[:, None, None], other=0.0)
     sp = tl.load(PSP + part[:, None] * BG + offs_g[None, :], mask=ok[:, None], other=0.0)
     m_run = tl.max(m, 0)
-    ms = tl.where(m_run == float("-inf"), 0.0, m_run)
-    lse = _lse(m_run, tl.sum(lc * tl.exp(m - ms[None, :]), 0))
-    w = tl.exp(m - lse[None, :])
-    sc = tl.sum(w[:, :, None] * own, 1)                                   # [ONE, NBK]
-    sps = tl.sum(w * sp, 1)                                               # chunk c's spill into block (c+1)*NBK
-    prev = tl.sum(tl.where(c[:, None] == c[None, :] + 1, sps[None, :], 0.0), 1)
+    lse = _lse(m_run, tl.sum(lc * tl.exp(m - tl.where(m_run == float("-inf"), 0.0, m_run)[None, :]), 0))
+    w = tl.exp(m - lse[None, :])                                       # [ONCE, BG]
+    sc = tl.sum(w[:, :, None] * own, 1)                                # [ONCE, NBK]
+    spill = tl.sum(w * sp, 1)                                          # chunk c -> block (c+1)*NBK
+    prev = tl.sum(tl.where(c[:, None] == c[None, :] + 1, spill[None, :], 0.0), 1)   # row c gets chunk c-1's
     sc = sc + tl.where(k[None, :] == 0, prev[:, None], 0.0)
     j = c[:, None] * NBK + k[None, :]
     tl.store(srow + j, sc, mask=ok[:, None] & (j < SW))
-    jt = nch * NBK + k                                                    # row nch: chunk nch-1's spill only
-    tl.store(srow + jt, tl.where(k == 0, tl.sum(tl.where(c == nch - 1, sps, 0.0), 0), 0.0), mask=jt < SW)
+    j = nch * NBK + k                                                  # row nch: the last chunk's spill only
+    tl.store(srow + j, tl.where(k == 0, tl.sum(tl.where(c == nch - 1, spill, 0.0), 0), 0.0), mask=j < SW)
 
 
 @triton.jit
 def _scores_loop(PML, PSC, PSP, srow, base, nch, offs_g, k, NCH_HOST: tl.constexpr, DYN: tl.constexpr,
                  BG: tl.constexpr, NBK: tl.constexpr, SW: tl.constexpr, CB: tl.constexpr):
+    """The group's score row -> srow[0 : (nch + 1) * NBK], CB chunks per vector load: lse per head
+    from the chunks' (m, l), then block `c*NBK + i` gets sum_h exp(m_c,h - lse_h) * PSC[c, h, i],
+    plus chunk c-1's spill at i = 0."""
     m_run, l_run = _chunk_stats(PML, base, nch, offs_g, NCH_HOST, DYN, BG, CB)
-    # exp(m - lse): lse = +inf for a row that sees nothing (and the padded heads), so 0 there.
     lse = _lse(m_run, l_run)
     cc = tl.arange(0, CB)
     # Chunk rows 0 .. nch: row nch holds only chunk nch-1's spill (the blocks after the last chunk).
@@ -585,8 +421,7 @@ def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, SYNC, TR, sqb, sqh
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
                 WB: tl.constexpr, NWP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
                 BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr,
-                SPIN: tl.constexpr = 0, SNS: tl.constexpr = 0, CVE: tl.constexpr = False,
-                TRACE: tl.constexpr = 0):
+                TRACE: tl.constexpr):
     """FLAGS: the selected programs wait for their own group's top-n (SYNC[2][bh]) instead of kernel
     B's whole grid, and every program counts itself done in SYNC[3][bh].
     Program p < N_SEL: selected block slot p of IDX[b, 0, h] over the raw cache (positions
@@ -603,34 +438,33 @@ def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, SYNC, TR, sqb, sqh
     if p < N_SEL:
         _selected_role(Q, KS, VS, IDX, PML, PACC, SYNC + 2 * nbh + bh, b, h, bh * N_SEL + p, p, sqb, sqh, sksb, skst,
                        sksh, svsb, svst, svsh, sib, sih, t, len_sel, scale, G, BG, SEL, DK, DV, BDK, BDV, IEEE, PDL,
-                       FLAGS, SPIN, SNS, CVE, TR + bh * 16, TRACE)
+                       FLAGS, TR, bh, TRACE)
     else:
         _window_role(Q, KW, VW, WML, WACC, b, h, bh * NWP + p - N_SEL, kw_start // WB + p - N_SEL, sqb, sqh, skwb,
                      skwt, skwh, svwb, svwt, svwh, t, kw_start, scale, G, BG, WB, DK, DV, BDK, BDV, IEEE)
-    if FLAGS:
-        _signal(SYNC + 3 * nbh + bh)
     if TRACE:
         _stamp(TR, bh, 6 if p < N_SEL else 7, True)
+    if FLAGS:
+        _signal(SYNC + 3 * nbh + bh)
 
 
 @triton.jit
 def _selected_role(Q, KS, VS, IDX, PML, PACC, topn_done, b, h, part, slot, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, sib, sih,
                    t, len_sel, scale, G: tl.constexpr, BG: tl.constexpr, SEL: tl.constexpr, DK: tl.constexpr,
                    DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
-                   FLAGS: tl.constexpr, SPIN: tl.constexpr, SNS: tl.constexpr, CVE: tl.constexpr, TR,
-                   TRACE: tl.constexpr):
+                   FLAGS: tl.constexpr, TR, bh, TRACE: tl.constexpr):
     """Selected block `slot` of IDX[b, 0, h] (-1: empty) over the raw cache, positions `<= t`."""
     q = _group_q(Q, b, h, sqb, sqh, G, BG, DK, BDK)
     if FLAGS:
-        _await(topn_done, 1, FLAGS, SPIN, SNS)       # this group's block indices
+        _await(topn_done, 1, FLAGS)       # this group's block indices
     elif PDL:
         gdc_wait()                 # kernel B's block indices (and, through B's wait, A's partials)
     if TRACE:
-        _stamp(TR, 0, 5, True)
+        _stamp(TR, bh, 5, True)
     blk = tl.load(IDX + b * sib + h * sih + slot)
     pos_s = blk * SEL + tl.arange(0, SEL)
     m, p_s, acc = _attend_block(q, KS + b * sksb + h * sksh, VS + b * svsb + h * svsh, skst, svst, pos_s,
-                                (blk >= 0) & (pos_s <= t) & (pos_s < len_sel), scale, DK, DV, BDK, BDV, IEEE, CVE)
+                                (blk >= 0) & (pos_s <= t) & (pos_s < len_sel), scale, DK, DV, BDK, BDV, IEEE)
     _store_partial(PML, PACC, part, m, tl.sum(p_s, 1), acc, BG, BDV)
 
 
@@ -657,8 +491,7 @@ def _merge_static(PML, PACC, first, offs_g, offs_v, N: tl.constexpr, NP: tl.cons
 def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, sgb, sgh, sgc, sob, soh, nbh, nch,
              HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, NSPL: tl.constexpr, NWP: tl.constexpr,
              NPS: tl.constexpr, NPW: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, DVC: tl.constexpr,
-             PDL: tl.constexpr, FLAGS: tl.constexpr, SPIN: tl.constexpr = 0, SNS: tl.constexpr = 0,
-             DW2: tl.constexpr = False, TRACE: tl.constexpr = 0):
+             PDL: tl.constexpr, FLAGS: tl.constexpr, TRACE: tl.constexpr):
     """Per (sequence, KV group, DVC output columns): the compressed output (kernel B's merge), the
     selected and window outputs merged from kernel C's partials, then
     `g_cmp * o_cmp + g_sel * o_sel + g_win * o_win` in fp32 -> Out[b, 0, heads]. FLAGS: waits for
@@ -670,17 +503,24 @@ def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, sgb, sgh, sgc, sob, so
     if TRACE:
         _stamp(TR, bh, 13, False)
     if FLAGS:
-        if DW2:
-            _await2(SYNC + 3 * nbh + bh, NSPL + NWP, SYNC + nbh + bh, BDV // DVC, FLAGS)
-        else:
-            _await(SYNC + 3 * nbh + bh, NSPL + NWP, FLAGS, SPIN, SNS)
-            _await(SYNC + nbh + bh, BDV // DVC, FLAGS, SPIN, SNS)
+        _await(SYNC + 3 * nbh + bh, NSPL + NWP, FLAGS)
+        _await(SYNC + nbh + bh, BDV // DVC, FLAGS)
     elif PDL:
         gdc_wait()                 # kernel C's partials; B's through C's wait
     if TRACE:
         _stamp(TR, bh, 8, True)
-    _out_role(OC, BML, BACC, WML, WACC, GT, Out, bh, tl.program_id(1), sgb, sgh, sgc, sob, soh, HKV, G, BG, NSPL,
-              NWP, NPS, NPW, DV, BDV, DVC)
+    b = (bh // HKV).to(tl.int64)
+    h = bh % HKV
+    offs_g = tl.arange(0, BG)
+    offs_v = tl.program_id(1) * DVC + tl.arange(0, DVC)
+    o_cmp = tl.load(OC + (bh * BG + offs_g)[:, None] * BDV + offs_v[None, :])
+    o_sel = _merge_static(BML, BACC, bh * NSPL, offs_g, offs_v, NSPL, NPS, BG, BDV)
+    o_win = _merge_static(WML, WACC, bh * NWP, offs_g, offs_v, NWP, NPW, BG, BDV)
+    g_ok = offs_g < G
+    heads = h * G + offs_g
+    o = _gate_sum(o_cmp, o_sel, o_win, GT + b * sgb + heads * sgh, g_ok, sgc)
+    tl.store(Out + b * sob + heads[:, None] * soh + offs_v[None, :], o.to(Out.dtype.element_ty),
+             mask=g_ok[:, None] & (offs_v[None, :] < DV))
     if TRACE:
         _stamp(TR, bh, 9, True)
     if FLAGS and tl.program_id(1) == 0:
@@ -691,147 +531,6 @@ def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, sgb, sgh, sgc, sob, so
         else:
             tl.store(SYNC + bh, 0)
             tl.store(SYNC + 2 * nbh + bh, 0)
-
-
-@triton.jit
-def _out_role(OC, BML, BACC, WML, WACC, GT, Out, bh, col, sgb, sgh, sgc, sob, soh, HKV: tl.constexpr, G: tl.constexpr,
-              BG: tl.constexpr, NSPL: tl.constexpr, NWP: tl.constexpr, NPS: tl.constexpr, NPW: tl.constexpr,
-              DV: tl.constexpr, BDV: tl.constexpr, DVC: tl.constexpr):
-    """Output columns `col*DVC ..` of group `bh`: B's compressed output, the selected and window
-    outputs merged from C's partials, the gated sum in fp32 -> Out (q's dtype)."""
-    b = (bh // HKV).to(tl.int64)
-    h = bh % HKV
-    offs_g = tl.arange(0, BG)
-    offs_v = col * DVC + tl.arange(0, DVC)
-    o_cmp = tl.load(OC + (bh * BG + offs_g)[:, None] * BDV + offs_v[None, :])
-    o_sel = _merge_static(BML, BACC, bh * NSPL, offs_g, offs_v, NSPL, NPS, BG, BDV)
-    o_win = _merge_static(WML, WACC, bh * NWP, offs_g, offs_v, NWP, NPW, BG, BDV)
-    g_ok = offs_g < G
-    heads = h * G + offs_g
-    o = _gate_sum(o_cmp, o_sel, o_win, GT + b * sgb + heads * sgh, g_ok, sgc)
-    tl.store(Out + b * sob + heads[:, None] * soh + offs_v[None, :], o.to(Out.dtype.element_ty),
-             mask=g_ok[:, None] & (offs_v[None, :] < DV))
-
-
-@triton.jit
-def _dec_step(Q, KC, VC, KS, VS, KW, VW, GT, Out, PML, PACC, PSC, PSP, S, IDX, OC, BML, BACC, WML, WACC, SYNC, TR,
-              sqb, sqh, skb, skt, skh, svb, svt, svh, sksb, skst, sksh, svsb, svst, svsh, skwb, skwt, skwh, svwb, svwt,
-              svwh, sib, sih, sgb, sgh, sgc, sob, soh, nvis, nch, nbh, ngroups, NB, cur, t, len_sel, kw_start, scale,
-              total, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr,
-              E: tl.constexpr, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
-              BDV: tl.constexpr, IEEE: tl.constexpr, NCH_HOST: tl.constexpr, DYN: tl.constexpr, NBK: tl.constexpr,
-              SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr, ALGO: tl.constexpr,
-              IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr, SORT64: tl.constexpr,
-              ONE: tl.constexpr, DVC: tl.constexpr, SEL: tl.constexpr, WB: tl.constexpr, NWP: tl.constexpr,
-              NPS: tl.constexpr, NPW: tl.constexpr, LB: tl.constexpr, LC: tl.constexpr, LD: tl.constexpr,
-              FLAGS: tl.constexpr, TRACE: tl.constexpr):
-    """EXPERIMENT: the whole step in one launch, by tickets. Each program takes a ticket (an atomic
-    count, so every lower ticket belongs to a program already running: a wait on lower tickets
-    always ends); ticket -> segment s = ticket // SEG, offset r: A chunk r of group s, then B's
-    programs of group s - LB, C's of group s - LC, D's of group s - LD (out-of-range parts exit)."""
-    NC: tl.constexpr = BDV // DVC
-    TB: tl.constexpr = 1 + NC
-    TC: tl.constexpr = NWP + N
-    na = tl.maximum(nch, 1)
-    seg = na + TB + TC + NC
-    ticket = tl.atomic_add(SYNC + 4 * nbh, 1, sem="relaxed", scope="gpu")
-    if ticket == total - 1:
-        tl.atomic_xchg(SYNC + 4 * nbh, 0, sem="relaxed", scope="gpu")    # every ticket is taken
-    s = ticket // seg
-    r = ticket % seg
-    if r < na:
-        g = s
-        if g < ngroups:
-            if TRACE:
-                _stamp(TR, g, 1, False)
-            if r == 0:             # counts the last step left at their targets (SYNC[1], SYNC[3])
-                tl.atomic_xchg(SYNC + nbh + g, 0, sem="relaxed", scope="gpu")
-                tl.atomic_xchg(SYNC + 3 * nbh + g, 0, sem="relaxed", scope="gpu")
-            if r < nch:
-                b = (g // HKV).to(tl.int64)
-                _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, g % HKV, g * nch + r, r, sqb, sqh, skb, skt, skh, svb,
-                            svt, svh, nvis, scale, G, BG, CH, R, E, D, DK, DV, BDK, BDV, IEEE, False)
-            if FLAGS:
-                _signal(SYNC + g)
-            if TRACE:
-                _stamp(TR, g, 0, True)
-    elif r < na + TB:
-        g = s - LB
-        rb = r - na
-        if (g >= 0) & (g < ngroups):
-            b = (g // HKV).to(tl.int64)
-            h = g % HKV
-            if TRACE:
-                if rb == 0:
-                    _stamp(TR, g, 10, False)
-            if FLAGS:
-                _await(SYNC + g, na, FLAGS)
-            if TRACE:
-                if rb == 0:
-                    _stamp(TR, g, 2, True)
-            if rb == 0:
-                _topn_role(PML, PSC, PSP, S, IDX + b * sib + h * sih, g, nch, NB, cur, NCH_HOST, DYN, BG, NBK, SW, N,
-                           BN, CB, ALGO, IB, K2, CW, CAP, SORT64, ONE, TR + g * 16, TRACE)
-                if FLAGS:
-                    _signal(SYNC + 2 * nbh + g)
-                if TRACE:
-                    _stamp(TR, g, 3, True)
-            else:
-                _cmp_merge_role(PML, PACC, OC, g, rb - 1, nch, NCH_HOST, DYN, BG, BDV, CB, DVC)
-                if FLAGS:
-                    _signal(SYNC + nbh + g)
-                if TRACE:
-                    _stamp(TR, g, 4, True)
-    elif r < na + TB + TC:
-        g = s - LC
-        rc = r - na - TB
-        if (g >= 0) & (g < ngroups):
-            b = (g // HKV).to(tl.int64)
-            h = g % HKV
-            if rc < NWP:
-                if TRACE:
-                    _stamp(TR, g, 12, False)
-                if FLAGS:
-                    _await(SYNC + g, na, FLAGS)      # after kernel... A(g, 0) reset SYNC[3][g]
-                _window_role(Q, KW, VW, WML, WACC, b, h, g * NWP + rc, kw_start // WB + rc, sqb, sqh, skwb, skwt,
-                             skwh, svwb, svwt, svwh, t, kw_start, scale, G, BG, WB, DK, DV, BDK, BDV, IEEE)
-                if FLAGS:
-                    _signal(SYNC + 3 * nbh + g)
-                if TRACE:
-                    _stamp(TR, g, 7, True)
-            else:
-                if TRACE:
-                    _stamp(TR, g, 11, False)
-                _selected_role(Q, KS, VS, IDX, BML, BACC, SYNC + 2 * nbh + g, b, h, g * N + rc - NWP, rc - NWP, sqb,
-                               sqh, sksb, skst, sksh, svsb, svst, svsh, sib, sih, t, len_sel, scale, G, BG, SEL, DK,
-                               DV, BDK, BDV, IEEE, False, FLAGS, 0, 0, False, TR + g * 16, TRACE)
-                if FLAGS:
-                    _signal(SYNC + 3 * nbh + g)
-                if TRACE:
-                    _stamp(TR, g, 6, True)
-    else:
-        g = s - LD
-        col = r - na - TB - TC
-        if (g >= 0) & (g < ngroups):
-            if TRACE:
-                _stamp(TR, g, 13, False)
-            if FLAGS:
-                _await(SYNC + 3 * nbh + g, TC, FLAGS)
-                _await(SYNC + nbh + g, NC, FLAGS)
-            if TRACE:
-                _stamp(TR, g, 8, True)
-            _out_role(OC, BML, BACC, WML, WACC, GT, Out, g, col, sgb, sgh, sgc, sob, soh, HKV, G, BG, N, NWP, NPS,
-                      NPW, DV, BDV, DVC)
-            if TRACE:
-                _stamp(TR, g, 9, True)
-            if FLAGS and col == 0:     # every reader of SYNC[0][g], SYNC[2][g] has passed (see _dec_out)
-                if FLAGS == 2:
-                    if (tl.load(SYNC + g) == na) & (tl.load(SYNC + 2 * nbh + g) == 1):
-                        tl.store(SYNC + g, 0)
-                        tl.store(SYNC + 2 * nbh + g, 0)
-                else:
-                    tl.store(SYNC + g, 0)
-                    tl.store(SYNC + 2 * nbh + g, 0)
 
 
 def pdl_ok(device: torch.device) -> bool:
@@ -880,7 +579,9 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     `k_win/v_win [B, nw, Hkv, *]` (positions `t+1-nw .. t`, `nw <= window`). Scratch: partials
     of about `B*Hkv*16*(dv + l'/d ...)` elements per chunk and block (acc in q's dtype, the rest
     fp32); no host sync (capturable in a CUDA graph). `counts`: a `_counts` buffer (`[4, >= B*Hkv]`
-    int32, zeroed once) that every step uses and resets itself; None: a fresh one (a zeroing kernel)."""
+    int32, zeroed once) that every step uses and resets itself; None: a fresh one (a zeroing kernel).
+    `_trace` (diagnostics, CUDA only): an int64 `[>= B*Hkv, TRACE_SLOTS]` buffer the kernels stamp
+    with the global timer (TRACE_NAMES; the caller initialises it, bench/experiments/decode_trace.py)."""
     b, _, hq, dk = q.shape
     hkv, dv, tc = k_sel.shape[2], v_sel.shape[-1], k_cmp.shape[1]
     q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = unit_last_stride(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win)
@@ -905,8 +606,8 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     elif counts is None:
         sync = _counts(bh, dev)
     elif (counts.dtype != torch.int32 or counts.device != torch.device(dev) or counts.dim() != 2
-          or counts.shape[0] != 5 or counts.shape[1] < bh or not counts.is_contiguous()):
-        raise ValueError(f"counts must be a contiguous int32 [5, >= {bh}] buffer on {dev} (decode.py _counts), got "
+          or counts.shape[0] != 4 or counts.shape[1] < bh or not counts.is_contiguous()):
+        raise ValueError(f"counts must be a contiguous int32 [4, >= {bh}] buffer on {dev} (decode.py _counts), got "
                          f"{counts.dtype} {list(counts.shape)} on {counts.device}")
     else:
         sync = counts
@@ -925,55 +626,28 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     bml, bacc = _scratch(bh * sel_count * 2 * bg, dev), _scratch(bh * sel_count * bg * bdv, dev, pdt)
     wml, wacc = _scratch(bh * nwp * 2 * bg, dev), _scratch(bh * nwp * bg * bdv, dev, pdt)
     out = common.empty_out(b, 1, hq, dv, dtype=q.dtype, device=dev)
-    sub = tiles.dec_sub if tiles.dec_sub < ch else 0
-    trace = int(_trace is not None)
-    tr = _trace if trace else sync
-    apdl = pdl and tiles.dec_a_pdl
-    launch_a = {"launch_pdl": True} if apdl else {}
-    spin = dict(SPIN=tiles.dec_spin, SNS=tiles.dec_spin_ns)
+    if _trace is not None and (_trace.dtype != torch.int64 or _trace.dim() != 2 or _trace.shape[0] < bh
+                               or _trace.shape[1] != TRACE_SLOTS.value or not _trace.is_contiguous()
+                               or _trace.device != torch.device(dev) or interpreting()):
+        raise ValueError(f"_trace must be a contiguous int64 [>= {bh}, {TRACE_SLOTS.value}] buffer on the step's GPU "
+                         "(Triton's interpreter has no global timer)")
+    trace = {"TRACE": _trace is not None}
+    tr = _trace if _trace is not None else sync
     host = interpreting()
     loop = dict(NCH_HOST=nch if host else 0, DYN=not host)
     try:
-        if tiles.dec_one and flags:
-            na = max(nch, 1)
-            lb, lc, ld = tiles.dec_lags
-            total = (bh + ld) * (na + 1 + ncol + nwp + sel_count + ncol)
-            _dec_step[(total,)](
-                q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, gates, out, pml, pacc, psc, psp, s, idx, oc, bml, bacc,
-                wml, wacc, sync, tr, q.stride(0), q.stride(2), k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2),
-                v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), k_sel.stride(0), k_sel.stride(1), k_sel.stride(2),
-                v_sel.stride(0), v_sel.stride(1), v_sel.stride(2), k_win.stride(0), k_win.stride(1), k_win.stride(2),
-                v_win.stride(0), v_win.stride(1), v_win.stride(2), idx.stride(0), idx.stride(2), gates.stride(0),
-                gates.stride(2), gates.stride(3), out.stride(0), out.stride(2), nvis, nch, nbh, bh, nb, cur, t,
-                k_sel.shape[1], t + 1 - k_win.shape[1], scale, total, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e,
-                D=stride, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, **loop, NBK=nbk, SW=sw, N=sel_count,
-                BN=np2(sel_count), CB=tiles.dec_cb,
-                **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap, tiles.topn_nchunk, tiles.dtop_sort64),
-                ONE=tiles.dtop_one, DVC=dvc, SEL=sel_block, WB=WIN_BLOCK, NWP=nwp, NPS=np2(sel_count, 1),
-                NPW=np2(nwp, 1), LB=lb, LC=lc, LD=ld, FLAGS=flags, TRACE=trace, num_warps=tiles.dec_warps)
-            return out, idx
-        if tiles.dec_persist and (nch or flags):
-            nprog = max(1, min(nch * bh, 3 if host else
-                               torch.cuda.get_device_properties(dev).multi_processor_count * tiles.dec_persist))
-            _dec_cmp_persist[(nprog,)](q, k_cmp, v_cmp, pml, pacc, psc, psp, sync, q.stride(0), q.stride(2),
-                                k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1),
-                                v_cmp.stride(2), nvis, nch, nbh, bh, nprog, scale, HKV=hkv, G=group, BG=bg, CH=ch, R=r,
-                                E=e, D=stride, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags,
-                                STAGES=tiles.dec_stages or 2, DYN=loop["DYN"], ITERS_HOST=triton.cdiv(nch * bh, nprog),
-                                GITERS_HOST=triton.cdiv(bh, nprog), num_warps=tiles.dec_warps)
-        elif nch or flags:           # with flags, program 0 of each group also resets two counts
+        if nch or flags:           # with flags, program 0 of each group also resets two counts
             _dec_cmp[(max(nch, 1), bh)](q, k_cmp, v_cmp, pml, pacc, psc, psp, sync, tr, q.stride(0), q.stride(2),
                                 k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1),
                                 v_cmp.stride(2), nvis, nch, nbh, scale, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e, D=stride,
-                                DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags,
-                                APDL=apdl, VEARLY=tiles.dec_v_early, SUB=sub, DYN=loop["DYN"], TRACE=trace, **launch_a, **tiles.launch("dec"))
-        _dec_topn[(1 + ncol, bh)](pml, pacc, psc, psp, s, idx, oc, sync, tr, k_sel, v_sel, k_sel.stride(0), k_sel.stride(1),
-                                  k_sel.stride(2), v_sel.stride(0), v_sel.stride(1), v_sel.stride(2), idx.stride(0), idx.stride(2), nch, nb, cur,
+                                DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags, **trace,
+                                **tiles.launch("dec"))
+        _dec_topn[(1 + ncol, bh)](pml, pacc, psc, psp, s, idx, oc, sync, tr, idx.stride(0), idx.stride(2), nch, nb, cur,
                                   nbh, **loop, HKV=hkv, BG=bg, NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count),
                                   CB=tiles.dec_cb,
                                   **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap, tiles.topn_nchunk,
                                                 tiles.dtop_sort64),
-                                  DVC=dvc, BDV=bdv, PDL=pdl, FLAGS=flags, ONE=tiles.dtop_one, TRACE=trace, PF=tiles.dtop_prefetch, SEL=sel_block, **spin, **launch_pdl,
+                                  ONCE=tiles.dtop_once, DVC=dvc, BDV=bdv, PDL=pdl, FLAGS=flags, **trace, **launch_pdl,
                                   num_warps=tiles.dtop_warps)
         _dec_blocks[(sel_count + nwp, bh)](
             q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, sync, tr, q.stride(0), q.stride(2), k_sel.stride(0),
@@ -981,13 +655,11 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
             k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2), idx.stride(0),
             idx.stride(2), t, k_sel.shape[1], t + 1 - k_win.shape[1], scale, nbh, HKV=hkv, G=group, BG=bg,
             N_SEL=sel_count, SEL=sel_block, WB=WIN_BLOCK, NWP=nwp, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact,
-            PDL=pdl, FLAGS=flags, CVE=tiles.dblk_v_early, TRACE=trace, **spin, **launch_pdl, **tiles.launch("dblk"))
+            PDL=pdl, FLAGS=flags, **trace, **launch_pdl, **tiles.launch("dblk"))
         _dec_out[(bh, ncol)](oc, bml, bacc, wml, wacc, gates, out, sync, tr, gates.stride(0), gates.stride(2),
                              gates.stride(3), out.stride(0), out.stride(2), nbh, nch, HKV=hkv, G=group, BG=bg,
                              NSPL=sel_count, NWP=nwp, NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv, BDV=bdv, DVC=dvc,
-                             PDL=pdl, FLAGS=flags, DW2=tiles.dout_wait2, TRACE=trace, **spin,
-                             **(launch_pdl if tiles.dout_pdl else {}),
-                             num_warps=tiles.dout_warps)
+                             PDL=pdl, FLAGS=flags, **trace, **launch_pdl, num_warps=tiles.dout_warps)
     except BaseException:
         if flags and counts is not None:
             counts.zero_()            # kernels launched before the failure counted; the next step starts at 0

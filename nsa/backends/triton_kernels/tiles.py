@@ -88,22 +88,11 @@ class Tiles:
     dout_warps: int = 4           # decode.py kernel D (merges, gated sum)
     dout_cols: int = 16           # decode.py kernel D: output columns per program (>= 16)
     dec_cb: int = 16              # decode.py kernels B and D: chunk partials per vector load
+    dtop_once: int = 32           # decode.py kernel B: a group of at most this many chunks gets its score row from
+                                  # one set of loads (64k, B=8: step 59.3 -> 58.2 us; results/h100/decode-tail/); 0: never
     dblk_warps: int = 2           # decode.py kernel C (selected and window blocks)
     dblk_stages: int | None = None
     dec_max_blocks: int = 8192    # decode.py: top-n in one program up to this many selection blocks
-    dec_a_pdl: bool = False       # EXPERIMENT decode.py kernel A by dependent launch too (gdc_wait first)
-    dec_spin: int = 0             # EXPERIMENT waits poll by 0: atomic add 0, 1: ld.acquire
-    dec_spin_ns: int = 0          # EXPERIMENT nanosleep between polls
-    dec_v_early: bool = False     # EXPERIMENT kernel A loads V before the product
-    dtop_one: int = 0             # EXPERIMENT kernel B: score row from up to this many chunks in one load (0: off)
-    dblk_v_early: bool = False    # EXPERIMENT kernel C loads V before the product
-    dout_wait2: bool = False      # EXPERIMENT kernel D polls both counts together
-    dec_persist: int = 0          # EXPERIMENT kernel A persistent: programs per SM (0: one per chunk)
-    dtop_prefetch: int = 0        # EXPERIMENT kernel B: the selected blocks prefetched into L2 (1 after, 2 before the signal)
-    dout_pdl: bool = True         # EXPERIMENT kernel D by dependent launch
-    dec_one: bool = False         # EXPERIMENT the step in one launch by tickets (decode.py _dec_step)
-    dec_lags: tuple = (1, 2, 4)   # EXPERIMENT ... B, C, D programs of group s - lag in segment s
-    dec_sub: int = 0              # EXPERIMENT kernel A: keys per tile of a pipelined loop over the chunk (0: one tile)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -113,18 +102,14 @@ class Tiles:
                     raise ValueError(f"Tiles.{f.name} must be one of {TOPN_ALGOS}, got {value!r}")
                 continue
             if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64",
-                          "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32", "dec_flags",
-                          "dec_a_pdl", "dec_v_early", "dblk_v_early", "dout_wait2", "dout_pdl", "dec_one"):
+                          "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32", "dec_flags"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
-                continue
-            if f.name == "dec_lags":
-                object.__setattr__(self, "dec_lags", tuple(value))
                 continue
             if value is None and f.name.endswith("_stages"):
                 continue
             # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
-            low = 0 if f.name in ("dtop_prefetch", "dec_persist", "dtop_one", "dec_sub", "dec_spin", "dec_spin_ns", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows") else 1
+            low = 0 if f.name in ("dtop_once", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
                                  "triton_kernels/tiles.py for the meaning of each field")
@@ -132,7 +117,7 @@ class Tiles:
                      "split_warps", "win_warps", "lse_rows", "lse_bc", "lse_warps",
                      "scr_bq", "scr_bk", "scr_warps", "selb_rows", "selb_warps", "topn_warps", "dec_chunk",
                      "dec_warps", "dtop_warps", "dout_warps", "dblk_warps",
-                     "dec_max_blocks", "dout_cols", "dec_cb", "topn_cap", "topn_nchunk"):
+                     "dec_max_blocks", "dout_cols", "dec_cb", "topn_cap", "topn_nchunk", "dtop_once"):
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two (tl.arange sizes, warps), got {value}")
