@@ -54,7 +54,6 @@ from torch import Tensor
 from nsa.backends.triton_kernels import common
 from nsa.backends.triton_kernels.common import _dot, _pv, np2, pow2, unit_last_stride
 from nsa.backends.triton_kernels.scores import _block_map
-from nsa.backends.triton_kernels.selection import _gate_sum
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 from nsa.backends.triton_kernels.topn import _row_scores, _select_row, sort_params
 
@@ -469,22 +468,28 @@ def _selected_role(Q, KS, VS, IDX, PML, PACC, topn_done, b, h, part, slot, sqb, 
 
 
 @triton.jit
-def _merge_static(PML, PACC, first, offs_g, offs_v, N: tl.constexpr, NP: tl.constexpr, BG: tl.constexpr,
-                  BDV: tl.constexpr):
-    """Normalised output columns `offs_v` of partials `first .. first + N - 1` (one vector load,
-    NP = N rounded up to a power of two)."""
+def _partials(PML, PACC, first, offs_g, offs_v, N: tl.constexpr, NP: tl.constexpr, BG: tl.constexpr,
+              BDV: tl.constexpr):
+    """(m, l, acc columns `offs_v`) of partials `first .. first + N - 1`, one vector load each
+    (NP = N rounded up to a power of two); `_merged` combines them."""
     s = tl.arange(0, NP)
     ok = s < N
     part = (first + s).to(tl.int64)
     ptr = PML + (part * 2)[:, None] * BG + offs_g[None, :]
     m = tl.load(ptr, mask=ok[:, None], other=float("-inf"))
     den = tl.load(ptr + BG, mask=ok[:, None], other=0.0)
+    a = tl.load(PACC + (part[:, None, None] * BG + offs_g[None, :, None]) * BDV + offs_v[None, None, :],
+                mask=ok[:, None, None], other=0.0)
+    return m, den, a
+
+
+@triton.jit
+def _merged(m, den, a):
+    """The normalised output of partials (m, l, acc) from `_partials`, in fp32."""
     mx = tl.max(m, 0)
     w = tl.exp(m - tl.where(mx == float("-inf"), 0.0, mx)[None, :])
     l_tot = tl.sum(w * den, 0)
-    a = tl.load(PACC + (part[:, None, None] * BG + offs_g[None, :, None]) * BDV + offs_v[None, None, :],
-                mask=ok[:, None, None], other=0.0).to(tl.float32)
-    return tl.sum(w[:, :, None] * a, 0) / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
+    return tl.sum(w[:, :, None] * a.to(tl.float32), 0) / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
 
 
 @triton.jit
@@ -513,12 +518,19 @@ def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, sgb, sgh, sgc, sob, so
     h = bh % HKV
     offs_g = tl.arange(0, BG)
     offs_v = tl.program_id(1) * DVC + tl.arange(0, DVC)
-    o_cmp = tl.load(OC + (bh * BG + offs_g)[:, None] * BDV + offs_v[None, :])
-    o_sel = _merge_static(BML, BACC, bh * NSPL, offs_g, offs_v, NSPL, NPS, BG, BDV)
-    o_win = _merge_static(WML, WACC, bh * NWP, offs_g, offs_v, NWP, NPW, BG, BDV)
+    # Every load first: each waits for an L2 round trip, and a use between them would put those
+    # waits one after another on the last group's chain (results/h100/decode-tail/).
     g_ok = offs_g < G
     heads = h * G + offs_g
-    o = _gate_sum(o_cmp, o_sel, o_win, GT + b * sgb + heads * sgh, g_ok, sgc)
+    o_cmp = tl.load(OC + (bh * BG + offs_g)[:, None] * BDV + offs_v[None, :])
+    m_s, l_s, a_s = _partials(BML, BACC, bh * NSPL, offs_g, offs_v, NSPL, NPS, BG, BDV)
+    m_w, l_w, a_w = _partials(WML, WACC, bh * NWP, offs_g, offs_v, NWP, NPW, BG, BDV)
+    gate = GT + b * sgb + heads * sgh
+    g_cmp = tl.load(gate, mask=g_ok, other=0.0).to(tl.float32)
+    g_sel = tl.load(gate + sgc, mask=g_ok, other=0.0).to(tl.float32)
+    g_win = tl.load(gate + 2 * sgc, mask=g_ok, other=0.0).to(tl.float32)
+    o = (g_cmp[:, None] * o_cmp + g_sel[:, None] * _merged(m_s, l_s, a_s)
+         + g_win[:, None] * _merged(m_w, l_w, a_w))
     tl.store(Out + b * sob + heads[:, None] * soh + offs_v[None, :], o.to(Out.dtype.element_ty),
              mask=g_ok[:, None] & (offs_v[None, :] < DV))
     if TRACE:
