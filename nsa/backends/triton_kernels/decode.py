@@ -36,11 +36,16 @@ from B and do not wait. A reads what the step's earlier torch kernels wrote, and
 signal dependents, so A is launched normally.
 
 Partials are merged `Tiles.dec_cb` per vector load (a loop of dependent loads, one L2 round trip
-each, costs more than the bytes: an unrolled 2-D variant measured 2x slower in B and D).
+each, costs more than the bytes: an unrolled 2-D variant measured 2x slower in B and D), except
+that B's top-n program loads every chunk at once up to `Tiles.dtop_once` chunks, and D issues
+all its loads before it uses any: on the last group's chain the round trips count, not the bytes
+(results/h100/decode-tail/).
 Scores are fp32 like the prefill kernels (docs/nsa.md, "Precision"): p relative to the chunk's
 max, rescaled by exp(m_c - lse), is exp(logit - lse) up to fp32 rounding. The partial outputs
 (unnormalised acc) are stored in q's dtype, (m, l) in fp32 (docs/nsa.md, "Decode";
-`Tiles.dec_part_fp32` keeps fp32). `supported` sends
+`Tiles.dec_part_fp32` keeps fp32). `decode_step(_trace=)` has the kernels stamp the GPU's global
+timer per group at the points of TRACE_NAMES (bench/experiments/decode_trace.py: where the step's
+time after kernel A goes, results/h100/decode-tail/). `supported` sends
 other block geometries to the separate-op path; `Tiles.dec_fused = False` forces that path.
 """
 
@@ -64,7 +69,7 @@ except ImportError:   # pragma: no cover - older Triton: the step runs without i
 
 WIN_BLOCK = 64   # window keys per window program of kernel C
 # `decode_step(_trace=)`: per group, the global timer (ns) at these points of the step; the max over
-# the programs that stamp a slot, or the min for MIN_SLOTS (bench/experiments/decode_trace.py)
+# the programs that stamp a slot, or the min for TRACE_MIN_SLOTS (bench/experiments/decode_trace.py)
 TRACE_SLOTS = tl.constexpr(16)
 TRACE_NAMES = {0: "A last end", 1: "A first start", 10: "B top-n start", 2: "B top-n waited", 14: "B top-n row stored",
                15: "B top-n selected", 3: "B top-n end", 4: "B merges end", 11: "C sel first start", 5: "C sel waited",
