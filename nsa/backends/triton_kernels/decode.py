@@ -10,22 +10,21 @@ query per sequence (`q [B, 1, Hq, dk]` at position `t`) is:
                     and its block-score partial: p = exp(logit - m) mapped to selection blocks per
                     head by the stride map of scores.py (own blocks, plus the one block spilled
                     into the next chunk).
-    B  _dec_topn    grid (1 + dv / dout_cols, B*Hkv): program 0 of a group: each head's lse from
-                    the chunks' (m, l); the group scores (Eq. 9-10) as sum over heads and chunks
-                    of exp(m_c - lse) * partial; then the top-n (topn.py's `_select_row`). The
-                    others: the compressed output, merged from the chunks' partials by columns
-                    (beside the top-n, so not on the chain after it).
-    C  _dec_blocks  grid (selected + window programs, B*Hkv): raw-token blocks, all heads of the
-                    group as rows: the selected blocks and the window's 64-token blocks, one
-                    softmax partial each.
+    B  _dec_topn    grid (1, B*Hkv): each head's lse from the chunks' (m, l); the group scores
+                    (Eq. 9-10) as sum over heads and chunks of exp(m_c - lse) * partial; then the
+                    top-n (topn.py's `_select_row`).
+    C  _dec_blocks  grid (selected + window + dv / dout_cols programs, B*Hkv): raw-token blocks,
+                    all heads of the group as rows: the selected blocks and the window's 64-token
+                    blocks, one softmax partial each; and the compressed output, merged from A's
+                    chunk partials by columns (beside the top-n, so not on the chain after it).
     D  _dec_out     grid (B*Hkv, dv / dout_cols): merges the selected and window partials, takes
-                    B's compressed output and forms the gated sum in fp32, written once in q's
+                    C's compressed output and forms the gated sum in fp32, written once in q's
                     dtype.
 
 On sm90+ B, C and D go by programmatic dependent launch (`Tiles.dec_pdl`): each is launched
 while the one before still runs, once every program of that kernel has started. With
 `Tiles.dec_flags` (the default) each program then waits only for its own group's inputs: A's
-programs, B's top-n and merge programs and C's programs count themselves done per group (a
+programs, B's top-n and C's block and merge programs count themselves done per group (a
 barrier, then a release atomic), and the programs that read them spin on those counts (acquire)
 - so a group's top-n, selected blocks and merge run while later groups' chunks still stream.
 The spin cannot block what it waits for: those programs have all started. The counts live in a
@@ -72,7 +71,7 @@ WIN_BLOCK = 64   # window keys per window program of kernel C
 # the programs that stamp a slot, or the min for TRACE_MIN_SLOTS (bench/experiments/decode_trace.py)
 TRACE_SLOTS = tl.constexpr(16)
 TRACE_NAMES = {0: "A last end", 1: "A first start", 10: "B top-n start", 2: "B top-n waited", 14: "B top-n row stored",
-               15: "B top-n selected", 3: "B top-n end", 4: "B merges end", 11: "C sel first start", 5: "C sel waited",
+               15: "B top-n selected", 3: "B top-n end", 4: "C merges end", 11: "C sel first start", 5: "C sel waited",
                6: "C sel end", 12: "C win first start", 7: "C win end", 13: "D first start", 8: "D waited",
                9: "D end"}
 TRACE_MIN_SLOTS = (1, 10, 11, 12, 13)
@@ -80,7 +79,7 @@ TRACE_MIN_SLOTS = (1, 10, 11, 12, 13)
 
 def _counts(n: int, device: torch.device) -> Tensor:
     """Per-group done-counts of the step (Tiles.dec_flags), zeroed: `[4, n]` int32 for n >= B*Hkv
-    groups (A's chunks, B's merges, B's top-n, C's programs). A step resets them itself (kernel A
+    groups (A's chunks, C's merges, B's top-n, C's block programs). A step resets them itself (kernel A
     the second and fourth, kernel D the others), so a caller that keeps one (NSACache) passes it
     to every step and no step runs a zeroing kernel (~1.5 us of a 60 us step)."""
     return torch.zeros(4, n, dtype=torch.int32, device=device)
@@ -260,49 +259,38 @@ def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constex
 
 
 @triton.jit
-def _dec_topn(PML, PACC, PSC, PSP, S, IDX, OC, SYNC, TR, sib, sih, nch, NB, cur, nbh,
+def _dec_topn(PML, PSC, PSP, S, IDX, SYNC, TR, sib, sih, nch, NB, cur, nbh,
               NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, BG: tl.constexpr,
               NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
               ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
-              SORT64: tl.constexpr, ONCE: tl.constexpr, DVC: tl.constexpr, BDV: tl.constexpr, PDL: tl.constexpr,
-              FLAGS: tl.constexpr, TRACE: tl.constexpr):
-    """Per (sequence, KV group) `bh`, program `r` of axis 0 (FLAGS: each waits for its own group's
-    chunks, SYNC[0][bh] = nch, instead of kernel A's whole grid, and counts itself done: the
-    top-n in SYNC[2][bh], the merges in SYNC[1][bh]):
-    r = 0: lse per head; group scores of blocks [0, NB) -> S[bh] (fp32): block `c*NBK + i` gets
-           sum_h exp(m_c,h - lse_h) * PSC[c, h, i], plus chunk c-1's spill at i = 0; then their
-           top N under the spec's rules -> IDX[b, 0, h, :].
-    r >= 1: the compressed output's columns `(r-1)*DVC ..` merged from kernel A's chunk partials,
-           normalised (fp32) -> OC[bh] (`_cmp_merge_role`); done here, beside the top-n, rather
-           than in kernel D, it leaves the chain after A (results/h100/decode-chain/)."""
+              SORT64: tl.constexpr, ONCE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr,
+              TRACE: tl.constexpr):
+    """Per (sequence, KV group) `bh` (FLAGS: waits for its own group's chunks, SYNC[0][bh] = nch,
+    instead of kernel A's whole grid, and counts itself done in SYNC[2][bh]): lse per head; group
+    scores of blocks [0, NB) -> S[bh] (fp32): block `c*NBK + i` gets sum_h exp(m_c,h - lse_h) *
+    PSC[c, h, i], plus chunk c-1's spill at i = 0; then their top N under the spec's rules ->
+    IDX[b, 0, h, :]. (The compressed output's merges ran here beside the top-n until kernel C
+    took them: with one program per group, B's programs all start, and C is launched, as soon
+    as A's first programs end, so C's reads begin under A's last wave; results/h100/decode-tail/.)"""
     if PDL:
         gdc_launch_dependents()    # kernel C may start its programs (they wait for this grid)
-    r = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
     h = bh % HKV
     if TRACE:
-        if r == 0:
-            _stamp(TR, bh, 10, False)
+        _stamp(TR, bh, 10, False)
     if FLAGS:
         _await(SYNC + bh, nch, FLAGS)     # this group's chunk partials are stored and visible
     elif PDL:
         gdc_wait()                 # kernel A's partials are complete and visible
-    if r == 0:
-        if TRACE:
-            _stamp(TR, bh, 2, True)
-        _topn_role(PML, PSC, PSP, S, IDX + b * sib + h * sih, bh, nch, NB, cur, NCH_HOST, DYN, BG, NBK, SW, N, BN, CB,
-                   ALGO, IB, K2, CW, CAP, SORT64, ONCE, TR, TRACE)
-        if TRACE:
-            _stamp(TR, bh, 3, True)
-        if FLAGS:
-            _signal(SYNC + 2 * nbh + bh)
-    else:
-        _cmp_merge_role(PML, PACC, OC, bh, r - 1, nch, NCH_HOST, DYN, BG, BDV, CB, DVC)
-        if TRACE:
-            _stamp(TR, bh, 4, True)
-        if FLAGS:
-            _signal(SYNC + nbh + bh)
+    if TRACE:
+        _stamp(TR, bh, 2, True)
+    _topn_role(PML, PSC, PSP, S, IDX + b * sib + h * sih, bh, nch, NB, cur, NCH_HOST, DYN, BG, NBK, SW, N, BN, CB,
+               ALGO, IB, K2, CW, CAP, SORT64, ONCE, TR, TRACE)
+    if TRACE:
+        _stamp(TR, bh, 3, True)
+    if FLAGS:
+        _signal(SYNC + 2 * nbh + bh)
 
 
 @triton.jit
@@ -399,7 +387,7 @@ def _scores_loop(PML, PSC, PSP, srow, base, nch, offs_g, k, NCH_HOST: tl.constex
 @triton.jit
 def _cmp_merge_role(PML, PACC, OC, bh, col, nch, NCH_HOST: tl.constexpr, DYN: tl.constexpr, BG: tl.constexpr,
                     BDV: tl.constexpr, CB: tl.constexpr, DVC: tl.constexpr):
-    """Kernel B, r >= 1: compressed output columns `col*DVC ..` from kernel A's chunk
+    """Kernel C, program N_SEL + NWP + col: compressed output columns `col*DVC ..` from kernel A's chunk
     partials, normalised (fp32) -> OC[bh]."""
     offs_g = tl.arange(0, BG)
     offs_v = col * DVC + tl.arange(0, DVC)
@@ -420,12 +408,13 @@ def _cmp_merge_role(PML, PACC, OC, bh, col, nch, NCH_HOST: tl.constexpr, DYN: tl
 
 
 @triton.jit
-def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, SYNC, TR, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, skwb,
+def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, CML, CACC, OC, SYNC, TR, nch, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, skwb,
                 skwt, skwh, svwb, svwt, svwh, sib, sih, t, len_sel, kw_start, scale, nbh,
                 HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
                 WB: tl.constexpr, NWP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
                 BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr,
-                TRACE: tl.constexpr):
+                TRACE: tl.constexpr, NCH_HOST: tl.constexpr, DYN: tl.constexpr, CB: tl.constexpr,
+                DVC: tl.constexpr):
     """FLAGS: the selected programs wait for their own group's top-n (SYNC[2][bh]) instead of kernel
     B's whole grid, and every program counts itself done in SYNC[3][bh].
     Program p < N_SEL: selected block slot p of IDX[b, 0, h] over the raw cache (positions
@@ -443,13 +432,17 @@ def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, SYNC, TR, sqb, sqh
         _selected_role(Q, KS, VS, IDX, PML, PACC, SYNC + 2 * nbh + bh, b, h, bh * N_SEL + p, p, sqb, sqh, sksb, skst,
                        sksh, svsb, svst, svsh, sib, sih, t, len_sel, scale, G, BG, SEL, DK, DV, BDK, BDV, IEEE, PDL,
                        FLAGS, TR, bh, TRACE)
-    else:
+    elif p < N_SEL + NWP:
         _window_role(Q, KW, VW, WML, WACC, b, h, bh * NWP + p - N_SEL, kw_start // WB + p - N_SEL, sqb, sqh, skwb,
                      skwt, skwh, svwb, svwt, svwh, t, kw_start, scale, G, BG, WB, DK, DV, BDK, BDV, IEEE)
+    else:
+        if FLAGS:
+            _await(SYNC + bh, nch, FLAGS)     # this group's chunk partials
+        _cmp_merge_role(CML, CACC, OC, bh, p - N_SEL - NWP, nch, NCH_HOST, DYN, BG, BDV, CB, DVC)
     if TRACE:
-        _stamp(TR, bh, 6 if p < N_SEL else 7, True)
+        _stamp(TR, bh, 6 if p < N_SEL else 7 if p < N_SEL + NWP else 4, True)
     if FLAGS:
-        _signal(SYNC + 3 * nbh + bh)
+        _signal(SYNC + (3 if p < N_SEL + NWP else 1) * nbh + bh)
 
 
 @triton.jit
@@ -502,12 +495,12 @@ def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, sgb, sgh, sgc, sob, so
              HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, NSPL: tl.constexpr, NWP: tl.constexpr,
              NPS: tl.constexpr, NPW: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, DVC: tl.constexpr,
              PDL: tl.constexpr, FLAGS: tl.constexpr, TRACE: tl.constexpr):
-    """Per (sequence, KV group, DVC output columns): the compressed output (kernel B's merge), the
+    """Per (sequence, KV group, DVC output columns): the compressed output (kernel C's merges), the
     selected and window outputs merged from kernel C's partials, then
     `g_cmp * o_cmp + g_sel * o_sel + g_win * o_win` in fp32 -> Out[b, 0, heads]. FLAGS: waits for
-    its own group's C programs (SYNC[3][bh]) and B merges (SYNC[1][bh]), not the whole grids;
+    its own group's C block programs (SYNC[3][bh]) and merges (SYNC[1][bh]), not the whole grids;
     then its program for the first columns sets SYNC[0][bh] and SYNC[2][bh] back to 0: every
-    program that waits on them has passed (B's merges counted in SYNC[1], C's selected programs
+    program that waits on them has passed (C's merges counted in SYNC[1], C's selected programs
     in SYNC[3]). SYNC[1] and SYNC[3] stay at their targets for the next step's kernel A."""
     bh = tl.program_id(0)
     if TRACE:
@@ -614,8 +607,8 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     nbk = ch // r
     nvis = min(tc, max(0, (t + 1 - block) // stride + 1))
     nch = triton.cdiv(nvis, ch)
-    # Tiles.dec_flags: per-group done-counts (A's chunks, B's merges, B's top-n, C's and D's
-    # programs), so each kernel waits for its own group, not for the grid before it (only with
+    # Tiles.dec_flags: per-group done-counts (A's chunks, C's merges, B's top-n, C's blocks), so
+    # each kernel waits for its own group, not for the grid before it (only with
     # dependent launch, which starts a kernel once every program of the one before has started).
     flags = (1 if pdl else 2 if interpreting() else 0) if tiles.dec_flags else 0
     if not flags:
@@ -659,20 +652,20 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
                                 v_cmp.stride(2), nvis, nch, nbh, scale, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e, D=stride,
                                 DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags, **trace,
                                 **tiles.launch("dec"))
-        _dec_topn[(1 + ncol, bh)](pml, pacc, psc, psp, s, idx, oc, sync, tr, idx.stride(0), idx.stride(2), nch, nb, cur,
+        _dec_topn[(1, bh)](pml, psc, psp, s, idx, sync, tr, idx.stride(0), idx.stride(2), nch, nb, cur,
                                   nbh, **loop, HKV=hkv, BG=bg, NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count),
                                   CB=tiles.dec_cb,
                                   **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap, tiles.topn_nchunk,
                                                 tiles.dtop_sort64),
-                                  ONCE=tiles.dtop_once, DVC=dvc, BDV=bdv, PDL=pdl, FLAGS=flags, **trace, **launch_pdl,
+                                  ONCE=tiles.dtop_once, PDL=pdl, FLAGS=flags, **trace, **launch_pdl,
                                   num_warps=tiles.dtop_warps)
-        _dec_blocks[(sel_count + nwp, bh)](
-            q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, sync, tr, q.stride(0), q.stride(2), k_sel.stride(0),
+        _dec_blocks[(sel_count + nwp + ncol, bh)](
+            q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, pml, pacc, oc, sync, tr, nch, q.stride(0), q.stride(2), k_sel.stride(0),
             k_sel.stride(1), k_sel.stride(2), v_sel.stride(0), v_sel.stride(1), v_sel.stride(2), k_win.stride(0),
             k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2), idx.stride(0),
             idx.stride(2), t, k_sel.shape[1], t + 1 - k_win.shape[1], scale, nbh, HKV=hkv, G=group, BG=bg,
             N_SEL=sel_count, SEL=sel_block, WB=WIN_BLOCK, NWP=nwp, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact,
-            PDL=pdl, FLAGS=flags, **trace, **launch_pdl, **tiles.launch("dblk"))
+            PDL=pdl, FLAGS=flags, **trace, **loop, CB=tiles.dec_cb, DVC=dvc, **launch_pdl, **tiles.launch("dblk"))
         _dec_out[(bh, ncol)](oc, bml, bacc, wml, wacc, gates, out, sync, tr, gates.stride(0), gates.stride(2),
                              gates.stride(3), out.stride(0), out.stride(2), nbh, nch, HKV=hkv, G=group, BG=bg,
                              NSPL=sel_count, NWP=nwp, NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv, BDV=bdv, DVC=dvc,

@@ -90,7 +90,7 @@ class Tiles:
     dec_cb: int = 16              # decode.py kernels B and D: chunk partials per vector load
     dtop_once: int = 32           # decode.py kernel B: a group of at most this many chunks gets its score row from
                                   # one set of loads (64k, B=8: step 59.3 -> 58.2 us; results/h100/decode-tail/); 0: never
-    dblk_warps: int = 2           # decode.py kernel C (selected and window blocks)
+    dblk_warps: int = 4           # decode.py kernel C (selected and window blocks, compressed merges)
     dblk_stages: int | None = None
     dec_max_blocks: int = 8192    # decode.py: top-n in one program up to this many selection blocks
 
