@@ -415,11 +415,15 @@ def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, CML, CACC, OC, SYN
                 BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr,
                 TRACE: tl.constexpr, NCH_HOST: tl.constexpr, DYN: tl.constexpr, CB: tl.constexpr,
                 DVC: tl.constexpr):
-    """FLAGS: the selected programs wait for their own group's top-n (SYNC[2][bh]) instead of kernel
-    B's whole grid, and every program counts itself done in SYNC[3][bh].
+    """FLAGS: the selected programs wait for their own group's top-n (SYNC[2][bh]) and the merges
+    for its chunks (SYNC[0][bh]) instead of kernel B's whole grid; the block programs count
+    themselves done in SYNC[3][bh], the merges in SYNC[1][bh].
     Program p < N_SEL: selected block slot p of IDX[b, 0, h] over the raw cache (positions
     `<= t`): its partial (m, l) -> PML[part], acc -> PACC[part].
-    p >= N_SEL: window block `p - N_SEL` (`_window_role`; it needs nothing of B and does not wait)."""
+    N_SEL <= p < N_SEL + NWP: window block `p - N_SEL` (`_window_role`; it needs nothing of A or B
+    and does not wait).
+    p >= N_SEL + NWP: the compressed output's columns `(p - N_SEL - NWP) * DVC ..` from A's chunk
+    partials CML / CACC -> OC (`_cmp_merge_role`)."""
     if PDL:
         gdc_launch_dependents()    # kernel D may start its programs (they wait for this grid)
     p = tl.program_id(0)
@@ -438,6 +442,8 @@ def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, CML, CACC, OC, SYN
     else:
         if FLAGS:
             _await(SYNC + bh, nch, FLAGS)     # this group's chunk partials
+        elif PDL:
+            gdc_wait()             # kernel A's partials, through B's wait (C may start before A ends)
         _cmp_merge_role(CML, CACC, OC, bh, p - N_SEL - NWP, nch, NCH_HOST, DYN, BG, BDV, CB, DVC)
     if TRACE:
         _stamp(TR, bh, 6 if p < N_SEL else 7 if p < N_SEL + NWP else 4, True)
