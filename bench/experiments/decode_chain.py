@@ -30,6 +30,7 @@ import torch
 
 from bench.nsa_breakdown import decode_inputs
 from bench.timing import Timer, measure
+from ci import atomic
 from nsa.backends import triton_nsa
 from nsa.backends.triton_kernels import decode as dec
 from nsa.backends.triton_kernels.tiles import Tiles, current, use_tiles
@@ -126,8 +127,7 @@ def main() -> int:
             return 1
         report["cells"].append(cell)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=1)
+        atomic.write_text(args.json, json.dumps(report, indent=1))
     return 0
 
 

@@ -32,6 +32,7 @@ import triton.language as tl
 from bench.experiments.decode_chain import _cut
 from bench.nsa_breakdown import decode_inputs
 from bench.timing import Timer, measure
+from ci import atomic
 from nsa.backends import triton_nsa
 from nsa.backends.triton_kernels import decode as dec
 
@@ -140,8 +141,7 @@ def main() -> int:
     for t in (int(x) for x in args.S.split(",")):
         report["cells"].append(_cell(t, args.batch, "cuda"))
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=1)
+        atomic.write_text(args.json, json.dumps(report, indent=1))
     return 0
 
 

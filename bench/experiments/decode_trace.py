@@ -21,6 +21,7 @@ sys.path.insert(0, os.getcwd())
 import torch
 
 from bench.nsa_breakdown import decode_inputs
+from ci import atomic
 from nsa.backends import triton_nsa
 from nsa.backends.triton_kernels import decode as dec
 from nsa.backends.triton_kernels.tiles import current
@@ -85,8 +86,7 @@ def main() -> int:
                   + f"   {max(med[s]):6.1f}")
         report["cells"].append({"S": t, "median_us": {SLOTS[s]: med[s] for s in SLOTS}, "last_group": last})
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=1)
+        atomic.write_text(args.json, json.dumps(report, indent=1))
     return 0
 
 

@@ -33,6 +33,7 @@ sys.path.insert(0, os.getcwd())
 import torch
 from triton.testing import do_bench
 
+from ci import atomic
 from nsa.backends.triton_kernels import fa3_cmp
 from nsa.backends.triton_kernels import sliding as W
 from nsa.backends.triton_kernels.tiles import current
@@ -109,5 +110,4 @@ for T in (8192, 16384, 65536, 131072):
         res[f"time-{T}-{hq}-{hkv}"] = r
         print(T, hq, hkv, r, flush=True)
         del q, k, v
-with open(os.path.join(OUT, "exp3.json"), "w") as f:
-    json.dump(res, f, indent=1)
+atomic.write_text(os.path.join(OUT, "exp3.json"), json.dumps(res, indent=1))

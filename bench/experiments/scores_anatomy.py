@@ -31,6 +31,7 @@ from triton.testing import do_bench
 
 from bench.experiments import scores_common as scm
 from bench.experiments.scores_common import _spill_store, _tile_bounds, _tile_rows
+from ci import atomic
 from nsa.backends.triton_kernels.common import _dot
 
 OUT = os.environ.get("OUT", "/tmp")
@@ -212,5 +213,4 @@ def l2rate():
 
 if __name__ == "__main__":
     res = {"l2_TBps": l2rate(), "scores_8k": scores_exp(8192), "scores_64k": scores_exp(65536)}
-    with open(os.path.join(OUT, "exp2.json"), "w") as f:
-        json.dump(res, f, indent=1)
+    atomic.write_text(os.path.join(OUT, "exp2.json"), json.dumps(res, indent=1))

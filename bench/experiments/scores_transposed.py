@@ -27,6 +27,7 @@ from triton.testing import do_bench
 
 from bench.experiments import scores_common as scm
 from bench.experiments.scores_common import _tile_bounds, _tile_rows
+from ci import atomic
 from nsa.backends.triton_kernels import scores as SC
 from nsa.backends.triton_kernels.common import _dot
 
@@ -104,5 +105,4 @@ def run(T, hq, hkv):
 
 if __name__ == "__main__":
     res = {f"{T}-{hq}-{hkv}": run(T, hq, hkv) for T, hq, hkv in ((8192, 64, 4), (65536, 64, 4), (65536, 16, 16))}
-    with open(os.path.join(OUT, "exp4.json"), "w") as f:
-        json.dump(res, f, indent=1)
+    atomic.write_text(os.path.join(OUT, "exp4.json"), json.dumps(res, indent=1))

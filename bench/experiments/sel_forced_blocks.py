@@ -32,6 +32,7 @@ from triton.testing import do_bench
 
 from bench.experiments import scores_common as scm
 from bench.experiments.scores_common import _spill_store, _tile_bounds, _tile_rows
+from ci import atomic
 from nsa.backends import triton_nsa
 from nsa.backends.triton_kernels import scores as SC
 from nsa.backends.triton_kernels import selection as S
@@ -145,5 +146,4 @@ def run(T, hq=64, hkv=4):
 
 if __name__ == "__main__":
     res = {f"{T}-64-4": run(T) for T in (8192, 65536)}
-    with open(os.path.join(OUT, "exp1.json"), "w") as f:
-        json.dump(res, f, indent=1)
+    atomic.write_text(os.path.join(OUT, "exp1.json"), json.dumps(res, indent=1))

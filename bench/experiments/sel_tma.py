@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 from triton.testing import do_bench
 
+from ci import atomic
 from nsa import ops
 from nsa.backends import triton_nsa
 from nsa.backends.triton_kernels import selection as S
@@ -115,5 +116,4 @@ def run(T, hq=64, hkv=4):
 res = {}
 for T in (8192, 65536):
     res[str(T)] = run(T)
-with open(os.path.join(OUT, "exp5.json"), "w") as f:
-    json.dump(res, f, indent=1)
+atomic.write_text(os.path.join(OUT, "exp5.json"), json.dumps(res, indent=1))
