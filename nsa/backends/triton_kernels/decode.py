@@ -239,6 +239,15 @@ def _window_role(Q, KW, VW, WML, WACC, b, h, part, wblk, sqb, sqh, skwb, skwt, s
 
 
 @triton.jit
+def _load_ml(PML, part, ok, offs_g, BG: tl.constexpr):
+    """(m, l) `[len(part), BG]` of partials `part` (int64) stored by `_store_partial`; rows not
+    `ok`: (-inf, 0), which merge as nothing."""
+    ptr = PML + (part * 2)[:, None] * BG + offs_g[None, :]
+    return (tl.load(ptr, mask=ok[:, None], other=float("-inf")),
+            tl.load(ptr + BG, mask=ok[:, None], other=0.0))
+
+
+@triton.jit
 def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constexpr, BG: tl.constexpr,
                  CB: tl.constexpr):
     """(max m, l rescaled to it) over the chunk partials `base .. base + nch - 1`, per head, CB
@@ -248,9 +257,7 @@ def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constex
     l_run = tl.zeros([BG], tl.float32)
     for c0 in range(0, nch if DYN else NCH_HOST, CB):
         c = c0 + cc
-        ptr = PML + ((base + c) * 2).to(tl.int64)[:, None] * BG + offs_g[None, :]
-        m = tl.load(ptr, mask=(c < nch)[:, None], other=float("-inf"))
-        lc = tl.load(ptr + BG, mask=(c < nch)[:, None], other=0.0)
+        m, lc = _load_ml(PML, (base + c).to(tl.int64), c < nch, offs_g, BG)
         m_new = tl.maximum(m_run, tl.max(m, 0))
         ms = tl.where(m_new == float("-inf"), 0.0, m_new)
         l_run = l_run * tl.exp(m_run - ms) + tl.sum(lc * tl.exp(m - ms[None, :]), 0)
@@ -338,9 +345,7 @@ def _scores_once(PML, PSC, PSP, srow, base, nch, offs_g, k, BG: tl.constexpr, NB
     c = tl.arange(0, ONCE)
     ok = c < nch
     part = (base + c).to(tl.int64)
-    ptr = PML + (part * 2)[:, None] * BG + offs_g[None, :]
-    m = tl.load(ptr, mask=ok[:, None], other=float("-inf"))
-    lc = tl.load(ptr + BG, mask=ok[:, None], other=0.0)
+    m, lc = _load_ml(PML, part, ok, offs_g, BG)
     own = tl.load(PSC + (part[:, None, None] * BG + offs_g[None, :, None]) * NBK + k[None, None, :],
                   mask=ok[:, None, None], other=0.0)
     sp = tl.load(PSP + part[:, None] * BG + offs_g[None, :], mask=ok[:, None], other=0.0)
@@ -479,9 +484,7 @@ def _partials(PML, PACC, first, offs_g, offs_v, N: tl.constexpr, NP: tl.constexp
     s = tl.arange(0, NP)
     ok = s < N
     part = (first + s).to(tl.int64)
-    ptr = PML + (part * 2)[:, None] * BG + offs_g[None, :]
-    m = tl.load(ptr, mask=ok[:, None], other=float("-inf"))
-    den = tl.load(ptr + BG, mask=ok[:, None], other=0.0)
+    m, den = _load_ml(PML, part, ok, offs_g, BG)
     a = tl.load(PACC + (part[:, None, None] * BG + offs_g[None, :, None]) * BDV + offs_v[None, None, :],
                 mask=ok[:, None, None], other=0.0)
     return m, den, a
