@@ -14,12 +14,15 @@ Needs a CUDA GPU. From the repo root:
     python3 bench/experiments/decode_chain.py --S 8192,65536 --json decode-chain.json
 
 `--prev FILE` also times an earlier copy of decode.py (`git show REV:nsa/backends/triton_kernels/decode.py`)
-in the same process.
+in the same process, with its own kept counts buffer where its decode_step takes one (earlier
+versions of this script gave `prev` fresh counts, so its whole step also timed a zeroing kernel:
+`results/README.md` says which files that affects).
 """
 import argparse
 import contextlib
 import dataclasses
 import importlib.util
+import inspect
 import json
 import os
 import statistics
@@ -64,6 +67,10 @@ def _cell(t: int, b: int, dev: str, base: Tiles, variants: list[dict], prev, gpu
     kw, vw = k[:, -512:], v[:, -512:]
 
     kept = triton_nsa.decode_counts(b * 4, dev)   # as NSACache keeps one: whole steps leave it zero
+    # An earlier decode.py that takes a kept buffer gets its own, in its own format: a whole step
+    # with fresh counts would time a zeroing kernel the current one does not run (~1.5 us).
+    prev_kept = (prev._counts(b * 4, torch.device(dev))
+                 if prev is not None and "counts" in inspect.signature(prev.decode_step).parameters else None)
 
     def step(tiles: Tiles, after: int = 4, module=dec):
         def fn():
@@ -73,7 +80,8 @@ def _cell(t: int, b: int, dev: str, base: Tiles, variants: list[dict], prev, gpu
                 if module is dec:   # a cut step leaves its counts behind: it gets fresh ones
                     return triton_nsa.decode_step(q, gates, kc, vc, k, v, kw, vw, **kw_args,
                                                   counts=kept if after == 4 else None)
-                return module.decode_step(q, gates, kc, vc, k, v, kw, vw, tiles=tiles, **kw_args)
+                extra = {"counts": prev_kept if after == 4 else None} if prev_kept is not None else {}
+                return module.decode_step(q, gates, kc, vc, k, v, kw, vw, tiles=tiles, **kw_args, **extra)
         return fn
 
     ref_out, ref_idx = step(base)()
