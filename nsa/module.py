@@ -122,16 +122,31 @@ class NSAAttention(nn.Module):
             kc, vc = self.compress(*kv[self._kv_name("cmp")])
         calls = self._calls(q, kv, kc, vc, branches, 0)
         plan = dispatch.plan(calls, self.backend)
-        o_cmp, idx = self._cmp_and_blocks(plan, calls, q, kc, vc, branches, 0)
-        o_win = ops.sliding_window_attention(q, *kv[self._kv_name("win")], window=self.config.window,
-                                             scale=self.config.softmax_scale, backend=plan.backend("win")) \
-            if "win" in branches else None
         k_s, v_s = kv[self._kv_name("sel")]
-        o_sel = None
-        if idx is not None and not self._fused_gate(plan, o_cmp, o_win):
-            o_sel = ops.selected_attention(q, k_s, v_s, idx, sel_block=self.config.sel_block,
-                                           scale=self.config.softmax_scale, backend=plan.backend("sel"))
-        return self._gated(plan, q, k_s, v_s, idx, gates, o_cmp, o_sel, o_win, 0)
+
+        def chain() -> tuple[Tensor | None, Tensor | None]:
+            return self._cmp_and_blocks(plan, calls, q, kc, vc, branches, 0)
+
+        def window() -> Tensor | None:
+            return ops.sliding_window_attention(q, *kv[self._kv_name("win")], window=self.config.window,
+                                                scale=self.config.softmax_scale, backend=plan.backend("win")) \
+                if "win" in branches else None
+
+        def finish(o_win: Tensor | None, cmp_idx: tuple[Tensor | None, Tensor | None]) -> Tensor:
+            o_cmp, idx = cmp_idx
+            o_sel = None
+            if idx is not None and not self._fused_gate(plan, o_cmp, o_win):
+                o_sel = ops.selected_attention(q, k_s, v_s, idx, sel_block=self.config.sel_block,
+                                               scale=self.config.softmax_scale, backend=plan.backend("sel"))
+            return self._gated(plan, q, k_s, v_s, idx, gates, o_cmp, o_sel, o_win, 0)
+
+        if "win" in branches and plan.backend("win") == "triton" and q.is_cuda:
+            from nsa.backends import triton_nsa
+
+            # The Triton window kernel beside the compressed branch and top-n (Tiles.win_beside).
+            return triton_nsa.beside(window, chain, finish, device=q.device)
+        cmp_idx = chain()
+        return finish(window(), cmp_idx)
 
     def _cmp_and_blocks(self, plan: dispatch.Plan, calls: Mapping[str, AttnCall], q: Tensor, kc: Tensor | None,
                         vc: Tensor | None, branches: Sequence[str], q_start: int) -> tuple[Tensor | None, Tensor | None]:

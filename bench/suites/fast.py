@@ -69,13 +69,25 @@ def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any], win_
 
     scale = q.shape[-1] ** -0.5
     kc, vc = ops.compress_kv(*kv["cmp"], block=p["block"], stride=p["stride"])
-    o_cmp, idx = triton_nsa.compressed_select(q, kc, vc, block=p["block"], stride=p["stride"],
-                                              sel_block=p["sel_block"], sel_count=p["sel_count"], scale=scale)
     win_backend = win_backend or default_win_backend(q, kv)
-    o_win = ops.sliding_window_attention(q, *kv["win"], window=p["window"], backend=win_backend)
-    # The selection kernel's epilogue forms the gated sum.
-    return triton_nsa.selected_gated(q, *kv["sel"], idx, sel_block=p["sel_block"], scale=scale, gates=gates,
-                                     o_cmp=o_cmp, o_win=o_win)
+
+    def chain():
+        return triton_nsa.compressed_select(q, kc, vc, block=p["block"], stride=p["stride"],
+                                            sel_block=p["sel_block"], sel_count=p["sel_count"], scale=scale)
+
+    def window():
+        return ops.sliding_window_attention(q, *kv["win"], window=p["window"], backend=win_backend)
+
+    def finish(o_win, cmp_idx):
+        # The selection kernel's epilogue forms the gated sum.
+        o_cmp, idx = cmp_idx
+        return triton_nsa.selected_gated(q, *kv["sel"], idx, sel_block=p["sel_block"], scale=scale, gates=gates,
+                                         o_cmp=o_cmp, o_win=o_win)
+
+    if win_backend == "triton":   # as NSAAttention.attend: the Triton window beside the chain (Tiles.win_beside)
+        return triton_nsa.beside(window, chain, finish, device=q.device)
+    cmp_idx = chain()
+    return finish(window(), cmp_idx)
 
 
 def build(cell: Cell, device) -> Workload:

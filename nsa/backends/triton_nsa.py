@@ -10,6 +10,7 @@ scores, top-n, sliding).
     compressed_select(q, k_cmp, v_cmp, ...)            compressed output + top-n blocks (scores kept internal)
     topn(scores, q_start, ...)                          block indices from scores
     selected_gated(q, k, v, idx, ...)                   selected attention + the gated sum
+    beside(side, chain, finish, device=...)             prefill: the window on a stream beside the chain
     sliding_decode(q, k_w, v_w, t=...)                  decode's window through the selection kernel
     decode_step(q, gates, caches..., t=...)             a whole decode step (all branches, gated), 4 launches
     decode_counts(groups, device)                       the per-group counts a cache keeps for decode_step
@@ -24,7 +25,9 @@ All run under `TRITON_INTERPRET=1` on CPU (tests), and on CUDA.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from types import MappingProxyType
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -53,7 +56,7 @@ if triton is not None:
     from nsa.backends.triton_kernels import sliding as _win
     from nsa.backends.triton_kernels import topn as _topn
 
-__all__ = ["PROFILES", "TILES", "Tiles", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_counts", "decode_step",
+__all__ = ["PROFILES", "TILES", "Tiles", "beside", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_counts", "decode_step",
            "decode_unsupported_reason", "kernels_interpreted", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
            "unsupported_reason", "use_tiles"]
 
@@ -184,6 +187,56 @@ def selected_gated(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: i
     tiles = _tiles(q, tiles)
     return _selection(q, k, tiles).selected(q, k, v, idx, sel_block=sel_block, scale=scale, q_start=q_start,
                                             k_start=k_start, tiles=tiles, gated=(gates, o_cmp, o_win))
+
+
+_PAIRS: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
+
+
+def _stream_pair(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+    """(high, low) priority streams of `device`, made once: a stream per call would cost a
+    stream's creation and, in the caching allocator, a memory pool of its own every call."""
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    pair = _PAIRS.get(device)
+    if pair is None:
+        # A lower number is a higher priority; torch maps a value past the device's range to its end.
+        pair = _PAIRS.setdefault(device, (torch.cuda.Stream(device, priority=-100),
+                                          torch.cuda.Stream(device, priority=0)))
+    return pair
+
+
+def beside(side: Callable[[], Tensor | None], chain: Callable[[], Any],
+           finish: Callable[[Tensor | None, Any], Tensor], *, device: torch.device | str,
+           tiles: Tiles | None = None) -> Tensor:
+    """`finish(side(), chain())`, with `side` (the prefill window branch) on a low-priority stream
+    beside `chain` (the compressed pass, scores, top-n) on a high-priority one, where the device is
+    a GPU and `tiles.win_beside` is on: the side's programs take what the chain's kernels leave
+    idle (their tails, the gaps between top-n's launches), and the high priority keeps the chain,
+    which gates everything after it, from waiting behind them. Both streams start after the
+    caller's stream's pending work; `finish` runs on the high-priority stream after both, and the
+    caller's stream waits for it, so what follows sees the result as if it ran in order (under a
+    CUDA graph capture too: the streams fork from and join back to the capturing one). Elsewhere
+    it runs `chain`, then `side`, then `finish` in order on the caller's stream."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or interpreting() or not (tiles if tiles is not None else current(dev)).win_beside:
+        c = chain()
+        return finish(side(), c)
+    high, low = _stream_pair(dev)
+    cur = torch.cuda.current_stream(dev)
+    high.wait_stream(cur)
+    low.wait_stream(cur)
+    with torch.cuda.stream(low):
+        s = side()
+    with torch.cuda.stream(high):
+        c = chain()
+        high.wait_stream(low)
+        out = finish(s, c)
+    cur.wait_stream(high)
+    # The allocator returns a freed block to its stream's pool at once unless told of later users.
+    if s is not None:
+        s.record_stream(high)
+    out.record_stream(cur)
+    return out
 
 
 def sliding_decode(q: Tensor, k_w: Tensor, v_w: Tensor, *, t: int, scale: float, block: int = 64,

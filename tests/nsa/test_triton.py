@@ -151,6 +151,85 @@ def test_triton_compressed_and_scores_match(shape, seed):
     assert torch.allclose(s_t, scores[:, t - 3:], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("on", [True, False], ids=["beside-on", "beside-off"])
+def test_beside_runs_in_order_without_a_gpu(on, tiles):
+    """Off a GPU (or with Tiles.win_beside off) `beside` is chain, side, finish in order on the
+    caller's stream, and returns what finish returns."""
+    tiles(win_beside=on)
+    order = []
+
+    def side():
+        order.append("side")
+        return torch.ones(2)
+
+    def chain():
+        order.append("chain")
+        return torch.full((2,), 2.0)
+
+    def finish(s, c):
+        order.append("finish")
+        return s + c
+
+    out = triton_nsa.beside(side, chain, finish, device="cpu")
+    assert order == ["chain", "side", "finish"]
+    assert out.tolist() == [3.0, 3.0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("on", [True, False], ids=["beside-on", "beside-off"])
+def test_beside_joins_its_streams_on_gpu(on, tiles):
+    """The side's result reaches finish, and finish's reaches the caller's stream, even when each
+    is held back by a long sleep kernel: finish waits for the low-priority stream, the caller's
+    stream for the high-priority one (dropping either wait makes this read unwritten memory)."""
+    tiles(win_beside=on)
+
+    def side():
+        torch.cuda._sleep(20_000_000)
+        return torch.full((1 << 20,), 1234.5, device=DEV)
+
+    def chain():
+        return torch.full((1 << 20,), 2.0, device=DEV)
+
+    def finish(s, c):
+        torch.cuda._sleep(20_000_000)
+        return s + c
+
+    for _ in range(3):
+        out = triton_nsa.beside(side, chain, finish, device=DEV)
+        seen = out.clone()        # on the caller's stream
+        assert torch.all(seen == 1236.5), seen.unique()
+
+
+@pytest.mark.gpu
+def test_module_window_beside_equals_in_order_on_gpu(seed, tiles):
+    """bf16 prefill through `auto` with the Triton window on its own stream (Tiles.win_beside):
+    bit for bit the in-order forward, eager and replayed from a CUDA graph."""
+    cfg = NSAConfig(dim=256, n_heads=16, n_kv_heads=1, head_dim_qk=128, head_dim_v=128)
+    m = NSAAttention(cfg, backend={"win": "triton"}).to(DEV, torch.bfloat16)
+    t = 3000
+    q = rand(1, t, 16, 128, dtype=torch.bfloat16, device=DEV)
+    kv = {n: (rand(1, t, 1, 128, dtype=torch.bfloat16, device=DEV), rand(1, t, 1, 128, dtype=torch.bfloat16,
+                                                                        device=DEV)) for n in ("cmp", "sel", "win")}
+    gates = torch.sigmoid(rand(1, t, 16, 3, dtype=torch.bfloat16, device=DEV))
+    with torch.no_grad():
+        base = triton_nsa.current_tiles(DEV)
+        with triton_nsa.use_tiles(dataclasses.replace(base, win_beside=False)):
+            ref = m.attend(q, kv, gates)
+        tiles(win_beside=True)
+        assert torch.equal(m.attend(q, kv, gates), ref)
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            m.attend(q, kv, gates)            # warm-up off the default stream, as torch.cuda.graph wants
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            out = m.attend(q, kv, gates)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref)
+
+
 def test_triton_module_matches_oracle(seed):
     cfg = NSAConfig(dim=32, n_heads=8, n_kv_heads=2, head_dim_qk=16, head_dim_v=16, cmp_block=8, cmp_stride=4,
                     sel_block=16, sel_count=4, window=20)

@@ -55,6 +55,7 @@ def test_use_tiles_scopes_an_override_and_nests():
     ({"topn_split_rows": -1}, "topn_split_rows must be an int >= 0"),
     ({"score_carry": 1}, "score_carry must be a bool"),
     ({"cmp_lse": "yes"}, "cmp_lse must be a bool"),
+    ({"win_beside": 0}, "win_beside must be a bool"),
     ({"scr_bk": 8}, "scr_bk must be >= 16"),
     ({"lse_rows": 96}, "lse_rows must be a power of two"),
     ({"topn_algo": "sort"}, r"topn_algo must be one of \('argmax', 'filter'\)"),

@@ -75,6 +75,9 @@ class Tiles:
     win_bn: int = 32              # sliding: keys per tile
     win_warps: int = 4
     win_stages: int | None = 3
+    win_beside: bool = True       # prefill: the window kernel on a low-priority stream beside the compressed pass,
+                                  # scores and top-n on a high-priority one (triton_nsa.beside; 64/4 heads: 8k 2.92
+                                  # -> 2.79 ms, 64k 35.3 -> 34.9; results/h100/win-beside/)
     dec_fused: bool = True        # decode: the whole step in four launches (decode.py) where it applies
     dec_pdl: bool = True          # decode.py: kernels B, C, D by programmatic dependent launch (sm90+)
     dec_flags: bool = True        # ... each waiting for its own group's inputs (per-group counts), not the whole grid
@@ -102,7 +105,8 @@ class Tiles:
                     raise ValueError(f"Tiles.{f.name} must be one of {TOPN_ALGOS}, got {value!r}")
                 continue
             if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64",
-                          "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32", "dec_flags"):
+                          "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32", "dec_flags",
+                          "win_beside"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
