@@ -144,7 +144,7 @@ class NSAAttention(nn.Module):
             from nsa.backends import triton_nsa
 
             # The Triton window kernel beside the compressed branch and top-n (Tiles.win_beside).
-            return triton_nsa.beside(window, chain, finish, device=q.device)
+            return triton_nsa.beside(window, chain, finish, device=q.device, rows=q.shape[0] * q.shape[1])
         cmp_idx = chain()
         return finish(window(), cmp_idx)
 

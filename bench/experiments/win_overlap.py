@@ -8,14 +8,14 @@ events on the calling stream, L2 flushed before each repeat):
 
 * `serial`: the fast suite's forward (`bench.suites.fast.nsa_triton(..., "triton")`) in order
   (`Tiles.win_beside` off);
-* `win_low`: the chain on a high-priority stream, the window on a low-priority one, so the
-  window's programs fill what the chain leaves idle (its kernels' tails, the gaps of its small
-  launches);
-* `win_high`: the window on the high-priority stream, the chain on the low one;
-* `win_same`: two streams of the same (default) priority;
-* `beside`: the fast suite's forward with `Tiles.win_beside` on (`triton_nsa.beside`, what
-  `win_low` became in the library; `serial` runs with it off);
-* `auto_in_order`, `auto`: `NSAAttention.attend` with the default backend, `win_beside` off / on.
+* `beside`: the same with `Tiles.win_beside` on at every T (`triton_nsa.beside`, with
+  `win_beside_rows` lifted): the chain on a
+  high-priority stream, the window on a low-priority one, so the window's programs fill what the
+  chain leaves idle (its kernels' tails, the gaps of its small launches);
+* `beside_swapped`: the window on the high-priority stream, the chain on the low one;
+* `beside_same`: two streams of the same (default) priority;
+* `auto_in_order`, `auto`: `NSAAttention.attend` with the default backend, `win_beside` off / the
+  default tiles (beside up to `win_beside_rows` query rows).
 
 Every variant's output is compared bit for bit with `serial` (the same kernels on the same
 inputs). REP_MS: the repeats' budget per variant (at least 10, at most 60 repeats). Layouts: 64/4 at 8k..128k, 32/8 and 16/16 at 16k and 64k; bf16, D 128, the paper's
@@ -37,7 +37,7 @@ import torch
 from bench.suites.fast import nsa_triton
 from bench.timing import Timer, measure
 from ci import atomic
-from nsa import NSAAttention, NSAConfig, ops
+from nsa import NSAAttention, NSAConfig
 from nsa.backends import triton_nsa
 
 OUT = os.environ.get("OUT", "/tmp")
@@ -57,29 +57,21 @@ def inputs(t: int, hq: int, hkv: int):
     return q, kv, torch.sigmoid(r(1, t, hq, 3))
 
 
-def overlapped(q, kv, gates, chain: torch.cuda.Stream, side: torch.cuda.Stream):
-    """The forward with the window on `side` and everything else on `chain`."""
-    scale = q.shape[-1] ** -0.5
-    cur = torch.cuda.current_stream()
-    chain.wait_stream(cur)
-    side.wait_stream(cur)
-    with torch.cuda.stream(side):
-        o_win = ops.sliding_window_attention(q, *kv["win"], window=P["window"], backend="triton")
-    with torch.cuda.stream(chain):
-        kc, vc = ops.compress_kv(*kv["cmp"], block=P["block"], stride=P["stride"])
-        o_cmp, idx = triton_nsa.compressed_select(q, kc, vc, block=P["block"], stride=P["stride"],
-                                                  sel_block=P["sel_block"], sel_count=P["sel_count"], scale=scale)
-        chain.wait_stream(side)
-        out = triton_nsa.selected_gated(q, *kv["sel"], idx, sel_block=P["sel_block"], scale=scale, gates=gates,
-                                        o_cmp=o_cmp, o_win=o_win)
-    cur.wait_stream(chain)
-    # Freed tensors go back to the pool of the stream that allocated them: mark their later users.
-    o_win.record_stream(chain)
-    out.record_stream(cur)
-    return out
+def with_streams(fn, pair):
+    """`fn` with `triton_nsa.beside` running on `pair` (a `triton_nsa._Streams`) instead of the
+    device's own."""
+    def run():
+        dev = torch.device("cuda", torch.cuda.current_device())
+        own = triton_nsa._streams(dev)
+        triton_nsa._STREAMS[dev] = pair
+        try:
+            return fn()
+        finally:
+            triton_nsa._STREAMS[dev] = own
+    return run
 
 
-def run_cell(cell: str, streams: dict[str, tuple[torch.cuda.Stream, torch.cuda.Stream]]) -> dict:
+def run_cell(cell: str, streams: dict) -> dict:
     t, hq, hkv = (int(x) for x in cell.split("/"))
     q, kv, gates = inputs(t, hq, hkv)
     off = dataclasses.replace(triton_nsa.current_tiles("cuda"), win_beside=False)
@@ -91,12 +83,19 @@ def run_cell(cell: str, streams: dict[str, tuple[torch.cuda.Stream, torch.cuda.S
                 return fn()
         return run
 
-    fns = {"serial": in_order(lambda: nsa_triton(q, kv, gates, P, "triton"))}
-    for name, (chain, side) in streams.items():
-        fns[name] = lambda chain=chain, side=side: overlapped(q, kv, gates, chain, side)
-    # The library's own: the fast suite's all-Triton forward and NSAAttention's `auto`, with
-    # Tiles.win_beside (triton_nsa.beside) on, and `auto` with it off.
-    fns["beside"] = lambda: nsa_triton(q, kv, gates, P, "triton")
+    # The beside variants at every T (Tiles.win_beside_rows lifted); `auto` with the defaults.
+    every = dataclasses.replace(triton_nsa.current_tiles("cuda"), win_beside=True, win_beside_rows=1 << 40)
+
+    def beside(fn):
+        def run():
+            with triton_nsa.use_tiles(every):
+                return fn()
+        return run
+
+    fns = {"serial": in_order(lambda: nsa_triton(q, kv, gates, P, "triton")),
+           "beside": beside(lambda: nsa_triton(q, kv, gates, P, "triton"))}
+    for name, pair in streams.items():
+        fns[name] = beside(with_streams(lambda: nsa_triton(q, kv, gates, P, "triton"), pair))
     fns["auto_in_order"] = in_order(lambda: module.attend(q, kv, gates))
     fns["auto"] = lambda: module.attend(q, kv, gates)
     with torch.no_grad():
@@ -110,21 +109,27 @@ def _time(fns, t, hq, hkv) -> dict:
         out = fn()
         torch.cuda.synchronize()
         same[name] = bool(torch.equal(out, ref))
+    retries = torch.cuda.memory_stats()["num_alloc_retries"]
     samples = measure(fns, Timer(warmup_ms=50, rep_ms=float(os.environ.get("REP_MS", 400)), min_rep=10, max_rep=60))
     return {"T": t, "heads": hq, "kv_heads": hkv, "bit_equal": same,
-            "median_ms": {k: statistics.median(v) for k, v in samples.items()}, "samples_ms": samples}
+            # cudaMalloc retries after emptying the cache (each one a device-wide stall) while timing
+            "alloc_retries": torch.cuda.memory_stats()["num_alloc_retries"] - retries,
+            "reserved_gb": torch.cuda.memory_reserved() / 2**30,
+            "median_ms": {k: statistics.median(v) for k, v in samples.items()},
+            "max_ms": {k: max(v) for k, v in samples.items()}, "samples_ms": samples}
 
 
 def main() -> None:
     cells = sys.argv[1:] or CELLS
     # A lower number is a higher priority; torch maps a value past the device's range to its end.
-    hi, lo = torch.cuda.Stream(priority=-100), torch.cuda.Stream(priority=0)
-    streams = {"win_low": (hi, lo), "win_high": (lo, hi), "win_same": (torch.cuda.Stream(), torch.cuda.Stream())}
+    hi, lo, a, b = (torch.cuda.Stream(priority=p) for p in (-100, 0, 0, 0))
+    streams = {"beside_swapped": triton_nsa._Streams(lo, hi), "beside_same": triton_nsa._Streams(a, b)}
     res = {"gpu": torch.cuda.get_device_name(), "priorities": [hi.priority, lo.priority], "cells": []}
     for cell in cells:
         row = run_cell(cell, streams)
         res["cells"].append(row)
-        print(cell, row["bit_equal"], {k: round(v, 3) for k, v in row["median_ms"].items()}, flush=True)
+        print(cell, row["bit_equal"], "retries", row["alloc_retries"], {k: round(v, 3) for k, v in row["median_ms"].items()},
+              "max", {k: round(v, 1) for k, v in row["max_ms"].items()}, flush=True)
         atomic.write_text(os.path.join(OUT, "win-overlap.json"), json.dumps(res, indent=1))
         torch.cuda.empty_cache()
 

@@ -85,7 +85,7 @@ def nsa_triton(q, kv: dict[str, tuple[Any, Any]], gates, p: dict[str, Any], win_
                                          o_cmp=o_cmp, o_win=o_win)
 
     if win_backend == "triton":   # as NSAAttention.attend: the Triton window beside the chain (Tiles.win_beside)
-        return triton_nsa.beside(window, chain, finish, device=q.device)
+        return triton_nsa.beside(window, chain, finish, device=q.device, rows=q.shape[0] * q.shape[1])
     cmp_idx = chain()
     return finish(window(), cmp_idx)
 

@@ -10,7 +10,7 @@ scores, top-n, sliding).
     compressed_select(q, k_cmp, v_cmp, ...)            compressed output + top-n blocks (scores kept internal)
     topn(scores, q_start, ...)                          block indices from scores
     selected_gated(q, k, v, idx, ...)                   selected attention + the gated sum
-    beside(side, chain, finish, device=...)             prefill: the window on a stream beside the chain
+    beside(side, chain, finish, device=, rows=)         prefill: the window on a stream beside the chain
     sliding_decode(q, k_w, v_w, t=...)                  decode's window through the selection kernel
     decode_step(q, gates, caches..., t=...)             a whole decode step (all branches, gated), 4 launches
     decode_counts(groups, device)                       the per-group counts a cache keeps for decode_step
@@ -25,6 +25,7 @@ All run under `TRITON_INTERPRET=1` on CPU (tests), and on CUDA.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
@@ -189,53 +190,78 @@ def selected_gated(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: i
                                             k_start=k_start, tiles=tiles, gated=(gates, o_cmp, o_win))
 
 
-_PAIRS: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Stream]] = {}
+@dataclasses.dataclass
+class _Streams:
+    """A device's two streams for `beside`, and the event after the last call's `finish`."""
+
+    high: torch.cuda.Stream
+    low: torch.cuda.Stream
+    last: torch.cuda.Event | None = None
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
-def _stream_pair(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
-    """(high, low) priority streams of `device`, made once: a stream per call would cost a
+_STREAMS: dict[torch.device, _Streams] = {}
+
+
+def _streams(device: torch.device) -> _Streams:
+    """The (high, low) priority streams of `device`, made once: a stream per call would cost a
     stream's creation and, in the caching allocator, a memory pool of its own every call."""
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    pair = _PAIRS.get(device)
+    pair = _STREAMS.get(device)
     if pair is None:
         # A lower number is a higher priority; torch maps a value past the device's range to its end.
-        pair = _PAIRS.setdefault(device, (torch.cuda.Stream(device, priority=-100),
-                                          torch.cuda.Stream(device, priority=0)))
+        pair = _STREAMS.setdefault(device, _Streams(torch.cuda.Stream(device, priority=-100),
+                                                    torch.cuda.Stream(device, priority=0)))
     return pair
 
 
 def beside(side: Callable[[], Tensor | None], chain: Callable[[], Any],
-           finish: Callable[[Tensor | None, Any], Tensor], *, device: torch.device | str,
+           finish: Callable[[Tensor | None, Any], Tensor], *, device: torch.device | str, rows: int,
            tiles: Tiles | None = None) -> Tensor:
     """`finish(side(), chain())`, with `side` (the prefill window branch) on a low-priority stream
     beside `chain` (the compressed pass, scores, top-n) on a high-priority one, where the device is
-    a GPU and `tiles.win_beside` is on: the side's programs take what the chain's kernels leave
+    a GPU, `tiles.win_beside` is on and the call has at most `tiles.win_beside_rows` query rows
+    (`rows` = B * T; beyond, the measured gain turned into a loss): the side's programs take what the chain's kernels leave
     idle (their tails, the gaps between top-n's launches), and the high priority keeps the chain,
-    which gates everything after it, from waiting behind them. Both streams start after the
-    caller's stream's pending work; `finish` runs on the high-priority stream after both, and the
-    caller's stream waits for it, so what follows sees the result as if it ran in order (under a
-    CUDA graph capture too: the streams fork from and join back to the capturing one). Elsewhere
-    it runs `chain`, then `side`, then `finish` in order on the caller's stream."""
+    which gates everything after it, from waiting behind them. Elsewhere it runs `chain`, then
+    `side`, then `finish` in order on the caller's stream.
+
+    Order and memory, without `record_stream`: both streams start after the caller's stream's
+    pending work and after the previous call's `finish`; `finish` runs on the caller's stream once
+    both are done, so the result lives in the caller's pool and what follows sees it as if all ran
+    in order. The two streams' outputs go back to their pools when this returns; the next call's
+    streams, which alone allocate there, wait for this call's `finish` (an event) before reusing
+    them. (`record_stream` would hold each freed block until an event on its reader passes: with
+    the host ahead of the GPU, as in any loop, every call took fresh blocks, the pool grew to the
+    device's limit, and emptying it stalled the GPU: 90-150 ms forwards against 35 among the
+    repeats of bench/experiments/win_overlap.py at 64k.) Under a CUDA graph capture the streams
+    fork from and join back to the capturing one, and the graph's private pool keeps its blocks,
+    so no event is kept across calls."""
     dev = torch.device(device)
-    if dev.type != "cuda" or interpreting() or not (tiles if tiles is not None else current(dev)).win_beside:
+    tiles = tiles if tiles is not None else current(dev)
+    if dev.type != "cuda" or interpreting() or not tiles.win_beside or rows > tiles.win_beside_rows:
         c = chain()
         return finish(side(), c)
-    high, low = _stream_pair(dev)
+    pair = _streams(dev)
     cur = torch.cuda.current_stream(dev)
-    high.wait_stream(cur)
-    low.wait_stream(cur)
-    with torch.cuda.stream(low):
-        s = side()
-    with torch.cuda.stream(high):
-        c = chain()
-        high.wait_stream(low)
+    capturing = torch.cuda.is_current_stream_capturing()
+    with pair.lock:
+        for stream in (pair.high, pair.low):
+            stream.wait_stream(cur)
+            if pair.last is not None and not capturing:
+                stream.wait_event(pair.last)
+        with torch.cuda.stream(pair.low):
+            s = side()
+        with torch.cuda.stream(pair.high):
+            c = chain()
+        cur.wait_stream(pair.low)
+        cur.wait_stream(pair.high)
         out = finish(s, c)
-    cur.wait_stream(high)
-    # The allocator returns a freed block to its stream's pool at once unless told of later users.
-    if s is not None:
-        s.record_stream(high)
-    out.record_stream(cur)
+        if not capturing:
+            pair.last = torch.cuda.Event()
+            pair.last.record(cur)
+        del s, c        # freed only after the event that the next call's streams wait for
     return out
 
 

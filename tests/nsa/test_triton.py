@@ -170,34 +170,141 @@ def test_beside_runs_in_order_without_a_gpu(on, tiles):
         order.append("finish")
         return s + c
 
-    out = triton_nsa.beside(side, chain, finish, device="cpu")
+    out = triton_nsa.beside(side, chain, finish, device="cpu", rows=1)
     assert order == ["chain", "side", "finish"]
     assert out.tolist() == [3.0, 3.0]
 
 
+class _Logged(torch.cuda.Stream):
+    """A stream that logs the waits and the event records `beside` asks of it."""
+
+    def wait_stream(self, stream):
+        self.log.append((self.name, "wait_stream"))
+        torch.cuda.Stream.wait_event(self, stream.record_event())
+
+    def wait_event(self, event):
+        self.log.append((self.name, "wait_event", event is self.expect))
+        super().wait_event(event)
+
+    def record_event(self, event=None):
+        self.log.append((self.name, "record_event"))
+        return super().record_event(event)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("on", [True, False], ids=["beside-on", "beside-off"])
-def test_beside_joins_its_streams_on_gpu(on, tiles):
-    """The side's result reaches finish, and finish's reaches the caller's stream, even when each
-    is held back by a long sleep kernel: finish waits for the low-priority stream, the caller's
-    stream for the high-priority one (dropping either wait makes this read unwritten memory)."""
-    tiles(win_beside=on)
+def test_beside_orders_its_streams_on_gpu(tiles):
+    """Each of the two streams waits for the caller's stream and for the last call's finish
+    before side / chain run on them; the caller's stream waits for both (each records the event
+    it waits on) before finish; past `win_beside_rows` nothing runs on them."""
+    tiles(win_beside=True, win_beside_rows=100)
+    log = []
+    high, low = _Logged(priority=-100), _Logged(priority=0)
+    for stream, name in ((high, "high"), (low, "low")):
+        stream.log, stream.name, stream.expect = log, name, None
+    dev = torch.device("cuda", torch.cuda.current_device())
+    own, pair = triton_nsa._streams(dev), triton_nsa._Streams(high, low)
+    triton_nsa._STREAMS[dev] = pair
 
     def side():
-        torch.cuda._sleep(20_000_000)
-        return torch.full((1 << 20,), 1234.5, device=DEV)
+        log.append("side")
+        return torch.ones(4, device=DEV)
 
     def chain():
-        return torch.full((1 << 20,), 2.0, device=DEV)
+        log.append("chain")
+        return torch.ones(4, device=DEV)
 
     def finish(s, c):
-        torch.cuda._sleep(20_000_000)
+        log.append("finish")
         return s + c
 
-    for _ in range(3):
-        out = triton_nsa.beside(side, chain, finish, device=DEV)
-        seen = out.clone()        # on the caller's stream
-        assert torch.all(seen == 1236.5), seen.unique()
+    try:
+        triton_nsa.beside(side, chain, finish, device=DEV, rows=100)
+        assert pair.last is not None
+        high.expect = low.expect = pair.last
+        log.clear()
+        out = triton_nsa.beside(side, chain, finish, device=DEV, rows=100)
+        assert torch.all(out == 2.0)
+        at = log.index
+        for name, work in (("high", "chain"), ("low", "side")):
+            assert at((name, "wait_stream")) < at(work) and at((name, "wait_event", True)) < at(work), log
+            assert at(work) < at((name, "record_event")) < at("finish"), log
+        log.clear()
+        triton_nsa.beside(side, chain, finish, device=DEV, rows=101)
+        assert log == ["chain", "side", "finish"]
+    finally:
+        triton_nsa._STREAMS[dev] = own
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("slow", ["side", "chain"])
+def test_beside_joins_its_streams_on_gpu(slow, tiles):
+    """Finish, on the caller's stream, sees what side and chain made when either is held back by
+    a long sleep kernel on its own stream (and in order with win_beside off)."""
+    for on in (True, False):
+        tiles(win_beside=on)
+
+        def side():
+            torch.cuda._sleep(40_000_000 if slow == "side" else 0)
+            return torch.full((1 << 20,), 1234.5, device=DEV)
+
+        def chain():
+            torch.cuda._sleep(40_000_000 if slow == "chain" else 0)
+            return torch.full((1 << 20,), 2.0, device=DEV)
+
+        for _ in range(3):
+            out = triton_nsa.beside(side, chain, lambda s, c: s + c, device=DEV, rows=1)
+            assert torch.all(out == 1236.5), out.unique()
+
+
+@pytest.mark.gpu
+def test_beside_reuses_its_streams_memory_after_the_last_finish_on_gpu(tiles):
+    """A call from another stream reuses the side's freed block only after the previous call's
+    finish has read it (the event its streams wait for), not when its own caller's stream says."""
+    tiles(win_beside=True)
+    n = 1 << 22
+
+    def run(value, slow):
+        def side():
+            return torch.full((n,), value, device=DEV)
+
+        def finish(s, c):
+            if slow:
+                torch.cuda._sleep(50_000_000)
+            return s * 1.0
+
+        return triton_nsa.beside(side, lambda: None, finish, device=DEV, rows=1)
+
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(first):
+        out1 = run(1.0, True)
+    with torch.cuda.stream(second):
+        out2 = run(2.0, False)
+    torch.cuda.synchronize()
+    assert torch.all(out1 == 1.0) and torch.all(out2 == 2.0)
+
+
+@pytest.mark.gpu
+def test_beside_memory_stays_flat_with_the_host_ahead_on_gpu(tiles):
+    """Twenty calls enqueued far ahead of a slow GPU reuse one block for the side's output (with
+    `record_stream` each call took a fresh one until the pool hit the device's limit)."""
+    tiles(win_beside=True)
+    n = 1 << 24            # 64 MiB of fp32
+
+    def chain():
+        torch.cuda._sleep(5_000_000)
+
+    def call():
+        return triton_nsa.beside(lambda: torch.ones(n, device=DEV), chain, lambda s, c: s.sum(), device=DEV,
+                                 rows=1)
+
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_reserved()
+    sums = [call() for _ in range(20)]
+    torch.cuda.synchronize()
+    assert all(x.item() == n for x in sums)
+    assert torch.cuda.max_memory_reserved() - before < 3 * 4 * n
 
 
 @pytest.mark.gpu

@@ -76,8 +76,9 @@ class Tiles:
     win_warps: int = 4
     win_stages: int | None = 3
     win_beside: bool = True       # prefill: the window kernel on a low-priority stream beside the compressed pass,
-                                  # scores and top-n on a high-priority one (triton_nsa.beside; 64/4 heads: 8k 2.92
-                                  # -> 2.79 ms, 64k 35.3 -> 34.9; results/h100/win-beside/)
+                                  # scores and top-n on a high-priority one (triton_nsa.beside) ...
+    win_beside_rows: int = 32768  # ... up to this many query rows (B * T): 64/4 heads, 8k-32k 1-3% faster, 128k ~1%
+                                  # slower (results/h100/win-beside/)
     dec_fused: bool = True        # decode: the whole step in four launches (decode.py) where it applies
     dec_pdl: bool = True          # decode.py: kernels B, C, D by programmatic dependent launch (sm90+)
     dec_flags: bool = True        # ... each waiting for its own group's inputs (per-group counts), not the whole grid
@@ -113,7 +114,7 @@ class Tiles:
             if value is None and f.name.endswith("_stages"):
                 continue
             # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
-            low = 0 if f.name in ("dtop_once", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows") else 1
+            low = 0 if f.name in ("dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
                                  "triton_kernels/tiles.py for the meaning of each field")
