@@ -77,7 +77,7 @@ class Tiles:
     win_stages: int | None = 3
     win_beside: bool = True       # prefill: the window kernel on a low-priority stream beside the compressed pass,
                                   # scores and top-n on a high-priority one (triton_nsa.beside) ...
-    win_beside_rows: int = 32768  # ... up to this many query rows (B * T): 64/4 heads, 8k-32k 1-3% faster, 128k ~1%
+    win_beside_rows: int = 32768  # ... up to this many query rows (B * T): 64/4 heads, 8k-32k 1-4% faster, 128k ~1%
                                   # slower (results/h100/win-beside/)
     dec_fused: bool = True        # decode: the whole step in four launches (decode.py) where it applies
     dec_pdl: bool = True          # decode.py: kernels B, C, D by programmatic dependent launch (sm90+)
