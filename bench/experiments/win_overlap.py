@@ -74,29 +74,25 @@ def with_streams(fn, pair):
 def run_cell(cell: str, streams: dict) -> dict:
     t, hq, hkv = (int(x) for x in cell.split("/"))
     q, kv, gates = inputs(t, hq, hkv)
-    off = dataclasses.replace(triton_nsa.current_tiles("cuda"), win_beside=False)
     module = NSAAttention(NSAConfig(dim=256, n_heads=hq, n_kv_heads=hkv, head_dim_qk=128, head_dim_v=128)).cuda()
-
-    def in_order(fn):
-        def run():
-            with triton_nsa.use_tiles(off):
-                return fn()
-        return run
-
+    base = triton_nsa.current_tiles("cuda")
+    off = dataclasses.replace(base, win_beside=False)
     # The beside variants at every T (Tiles.win_beside_rows lifted); `auto` with the defaults.
-    every = dataclasses.replace(triton_nsa.current_tiles("cuda"), win_beside=True, win_beside_rows=1 << 40)
+    every = dataclasses.replace(base, win_beside=True, win_beside_rows=1 << 40)
 
-    def beside(fn):
+    def under(tiles, fn):
         def run():
-            with triton_nsa.use_tiles(every):
+            with triton_nsa.use_tiles(tiles):
                 return fn()
         return run
 
-    fns = {"serial": in_order(lambda: nsa_triton(q, kv, gates, P, "triton")),
-           "beside": beside(lambda: nsa_triton(q, kv, gates, P, "triton"))}
+    def fast():
+        return nsa_triton(q, kv, gates, P, "triton")
+
+    fns = {"serial": under(off, fast), "beside": under(every, fast)}
     for name, pair in streams.items():
-        fns[name] = beside(with_streams(lambda: nsa_triton(q, kv, gates, P, "triton"), pair))
-    fns["auto_in_order"] = in_order(lambda: module.attend(q, kv, gates))
+        fns[name] = under(every, with_streams(fast, pair))
+    fns["auto_in_order"] = under(off, lambda: module.attend(q, kv, gates))
     fns["auto"] = lambda: module.attend(q, kv, gates)
     with torch.no_grad():
         return _time(fns, t, hq, hkv)
