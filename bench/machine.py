@@ -53,6 +53,10 @@ def package_version(module: str) -> tuple[str | None, str | None]:
         mod = importlib.import_module(module)
     except Exception as exc:  # noqa: BLE001 - a broken install may raise anything
         return None, f"{type(exc).__name__}: {exc}".strip()[:300]
+    if namespace_package(mod):
+        # flash-attn-4 installs `flash_attn/cute` alone, which makes `import flash_attn` succeed
+        # without FA-2.
+        return None, f"{module} is only a namespace package here ({', '.join(sorted(_subpackages(mod))) or 'empty'})"
     version = getattr(mod, "__version__", None)
     if version is None:
         try:
@@ -60,6 +64,26 @@ def package_version(module: str) -> tuple[str | None, str | None]:
         except importlib.metadata.PackageNotFoundError:
             version = "unknown"
     return str(version), None
+
+
+def namespace_package(mod: Any) -> bool:
+    """A directory without `__init__.py` imported as a package (no origin, a search path)."""
+    spec = getattr(mod, "__spec__", None)
+    return spec is not None and spec.origin is None and spec.submodule_search_locations is not None
+
+
+def _subpackages(mod: Any) -> list[str]:
+    import pkgutil
+
+    return [f"{mod.__name__}.{m.name}" for m in pkgutil.iter_modules(getattr(mod, "__path__", []))]
+
+
+def dist_version(dist: str) -> tuple[str | None, str | None]:
+    """(version, None) of an installed distribution, without importing it; (None, why) if absent."""
+    try:
+        return importlib.metadata.version(dist), None
+    except importlib.metadata.PackageNotFoundError:
+        return None, f"{dist} is not installed"
 
 
 def _cpu_name() -> str:
@@ -159,7 +183,8 @@ def machine_info(device: str) -> dict[str, Any]:
     info: dict[str, Any] = {
         "gpu_name": "cpu", "sm": "cpu", "driver": None, "cuda": torch.version.cuda,
         "torch": torch.__version__, "triton": triton, "flash_attn": flash_attn,
-        "flash_attn_reason": flash_attn_reason, "python": platform.python_version(),
+        "flash_attn_reason": flash_attn_reason, "fa3": dist_version("fa3-fwd")[0],
+        "fa4": dist_version("flash-attn-4")[0], "python": platform.python_version(),
         "cpu_name": _cpu_name(), "hostname": platform.node(), "cudnn": None,
     }
     if device == "cuda":

@@ -41,6 +41,10 @@ def unavailable_reason(device: torch.device | str | None = None) -> str | None:
         lib = _lib()
     except Exception as exc:  # a broken CUDA extension raises more than ImportError
         return f"flash-attn is not importable ({type(exc).__name__}: {exc}); pip install '.[gpu]' on a CUDA machine"
+    spec = getattr(lib, "__spec__", None)
+    if spec is not None and spec.origin is None and spec.submodule_search_locations is not None:
+        return ("flash_attn is only a namespace package here (flash-attn-4 installs flash_attn.cute alone); "
+                "FA-2 needs the flash-attn package: pip install '.[gpu]' on a CUDA machine")
     if not hasattr(lib, "flash_attn_with_kvcache"):
         return f"flash-attn {getattr(lib, '__version__', '?')} lacks flash_attn_with_kvcache; need >= 2.6"
     return None

@@ -79,3 +79,25 @@ def test_nvml_snapshot_reads_clocks_through_a_fake_nvml(monkeypatch):
     assert snap["power_w"] == 123.456 and snap["temperature_c"] == 41
     assert snap["throttle_reasons"] == ["sw_power_cap", "hw_thermal_slowdown", "0x10000"]
     assert calls == ["init", "shutdown"]
+
+
+def test_a_namespace_flash_attn_is_not_fa2(tmp_path, monkeypatch):
+    """flash-attn-4 installs `flash_attn/cute` without `flash_attn/__init__.py`: `import flash_attn`
+    then succeeds as a namespace package. The machine record and the FA-2 adapter must not take
+    that for FA-2; the fa3/fa4 entries read the installed distributions."""
+    from nsa.backends import flash_attn as fa2_adapter
+
+    (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
+    (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    try:
+        version, reason = machine.package_version("flash_attn")
+        assert version is None and "namespace package" in reason and "flash_attn.cute" in reason
+        assert "namespace package" in fa2_adapter.unavailable_reason()
+        info = machine.machine_info("cpu")
+        assert info["flash_attn"] is None and "fa3" in info and "fa4" in info
+    finally:
+        sys.modules.pop("flash_attn", None)
+    assert machine.dist_version("pytest")[0] and machine.dist_version("no-such-dist-xyz") == (
+        None, "no-such-dist-xyz is not installed")

@@ -10,6 +10,7 @@
     scores       prefill: one-pass compressed output + log-sum-exp, then the scores kernel
     topn         top-n block indices (one pass, or chunks + merge for decode)
     sliding      sliding-window attention (band kernel) and decode's window through `selection`
+    fa4_win      prefill window through FlashAttention-4 where the flash-attn-4 wheel is installed
     decode       a whole decode step (all three branches, top-n, gated sum) in four launches
 
 Each family's host function takes its `Tiles` explicitly; `nsa.backends.triton_nsa` (the backend
