@@ -5,7 +5,7 @@ What it writes to ``$OUT/fa4-window.json``:
 
 * ``compile_s``: wall time of the first FA-4 window call (its JIT compile), per head-dim pair;
 * ``check-T-hq-hkv-w-dk-dv``: relative error against a float64 window attention of the FA-4 call
-  (``window_size = (w - 1, 0)``), of the Triton band kernel, and of full causal FA-4 (a contrast
+  (``window_size = (w - 1, 0)``), of the Triton band kernel (``Tiles.win_fa4`` off), and of full causal FA-4 (a contrast
   that must be large); the same FA-4 call on a side stream and replayed from a CUDA graph
   (``side_equal`` / ``graph_equal``: bit-equal to the plain call); an exception's text instead
   where a call fails;
@@ -16,6 +16,7 @@ Rerun from the repo root with the wheels installed in /tmp/site:
 
     PYTHONPATH=/tmp/site:$PWD OUT=<dir> python3 bench/experiments/fa4_window.py
 """
+import dataclasses
 import json
 import os
 import sys
@@ -29,6 +30,12 @@ from triton.testing import do_bench
 from ci import atomic
 from nsa.backends.triton_kernels import sliding as W
 from nsa.backends.triton_kernels.tiles import current
+
+
+def band_tiles(device):
+    """The device's tiles with FA-4 off: `sliding.sliding` itself takes FA-4 where it is installed
+    (`Tiles.win_fa4`), and the band kernel is what FA-4 is compared with here."""
+    return dataclasses.replace(current(device), win_fa4=False)
 
 OUT = os.environ.get("OUT", "/tmp")
 res: dict = {}
@@ -100,7 +107,7 @@ for (T, hq, hkv, w, dk, dv, b) in ((1000, 8, 2, 100, 128, 128, 1), (3001, 16, 4,
         sc = dk ** -0.5
         o = fa4_win(q, k, v, w, sc)
         ref = ref_win(q, k, v, w, sc)
-        tri = W.sliding(q, k, v, window=w, scale=sc, q_start=0, k_start=0, tiles=current(q.device))
+        tri = W.sliding(q, k, v, window=w, scale=sc, q_start=0, k_start=0, tiles=band_tiles(q.device))
         oc = fa4_win(q, k, v, w, sc, causal_only=True)
         r = {"fa4_rel": rel(o, ref), "triton_rel": rel(tri, ref), "causal_rel": rel(oc, ref),
              "fa4_vs_triton_max_abs": (o.float() - tri.float()).abs().max().item()}
@@ -134,7 +141,7 @@ def time_shape(T, hq, hkv, dk) -> dict:
     r: dict = {}
     q, k, v = inputs(T, hq, hkv, dk, 128)
     sc = dk ** -0.5
-    tl_ = current(q.device)
+    tl_ = band_tiles(q.device)
     o_t = W.sliding(q, k, v, window=512, scale=sc, q_start=0, k_start=0, tiles=tl_)
     r["triton_ms"] = do_bench(lambda: W.sliding(q, k, v, window=512, scale=sc, q_start=0, k_start=0, tiles=tl_),
                               warmup=5, rep=40, return_mode="median")

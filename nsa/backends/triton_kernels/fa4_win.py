@@ -7,13 +7,14 @@ right edge. Layout `[B, T, H, D]` in and out, as ours; GQA by FA-4's own head ma
 Where it runs: CUDA on sm90, bf16, the head-dim pairs in `_DIMS` (each checked against the fp64
 oracle on the H100: tests/nsa/test_fa4_win.py), a prefill over the whole sequence (`q_start ==
 k_start == 0`, as many queries as keys), `Tiles.win_fa4`; else the caller runs the band kernel.
-FA-4 compiles a kernel per configuration on its first call in a process (2.7-4.0 s measured on
+FA-4 compiles a kernel per configuration on its first call in a process (3.0-3.6 s measured on
 the H100); later calls reuse it.
 
 Measured on the H100 (`bench/experiments/fa4_window.py`, `results/h100/fa4-win/`), the window
-alone, w = 512, median ms, band kernel -> FA-4: 64/4 heads 8k 0.41 -> 0.33, 16k 0.81 -> 0.68, 64k
-3.50 -> 2.70, 128k 7.36 -> 6.08; 32/8 at 64k 1.75 -> 1.38; 16/16 at 64k 0.90 -> 0.71; the paper's
-dk 192 / dv 128 at 64/4: 16k 1.26 -> 0.70, 64k 4.99 -> 2.78.
+alone, w = 512, median ms, band kernel -> FA-4: 64/4 heads 8k 0.41 -> 0.33, 16k 0.82 -> 0.68, 64k
+3.53 -> 2.71, 128k 7.68 -> 6.20; 32/8 at 64k 1.77 -> 1.40; 16/16 at 64k 0.89 -> 0.72; the paper's
+dk 192 / dv 128 at 64/4: 16k 1.25 -> 0.70, 64k 5.11 -> 3.01. The whole forward (`auto`,
+`fa4_forward.py`): 64/4 at 64k 35.5 -> 34.5 ms, dk 192 at 64k 58.4 -> 55.9.
 """
 
 from __future__ import annotations

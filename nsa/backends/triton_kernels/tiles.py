@@ -80,7 +80,7 @@ class Tiles:
     win_beside_rows: int = 32768  # ... up to this many query rows (B * T): 64/4 heads, 8k-32k 1-4% faster, 128k ~1%
                                   # slower (results/h100/win-beside/)
     win_fa4: bool = True          # prefill: the window by FlashAttention-4 where installed, sm90 only (fa4_win.py;
-                                  # 64/4 at 64k 3.50 -> 2.70 ms, dk 192 4.99 -> 2.78; results/h100/fa4-win/)
+                                  # the window at 64/4, 64k 3.53 -> 2.71 ms, dk 192 5.11 -> 3.01; results/h100/fa4-win/)
     dec_fused: bool = True        # decode: the whole step in four launches (decode.py) where it applies
     dec_pdl: bool = True          # decode.py: kernels B, C, D by programmatic dependent launch (sm90+)
     dec_flags: bool = True        # ... each waiting for its own group's inputs (per-group counts), not the whole grid
