@@ -33,10 +33,10 @@ sys.path.insert(0, os.getcwd())
 import torch
 from triton.testing import do_bench
 
+from bench.experiments.window_common import band_tiles, ref_win
 from ci import atomic
 from nsa.backends.triton_kernels import fa3_cmp
 from nsa.backends.triton_kernels import sliding as W
-from nsa.backends.triton_kernels.tiles import current
 
 OUT = os.environ.get("OUT", "/tmp")
 res = {}
@@ -51,17 +51,6 @@ def fa3_win(q, k, v, w, scale, out=None, left=None):
     return r[0], r[1]
 
 
-def ref_win(q, k, v, w, scale):
-    qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
-    g = qd.shape[1] // kd.shape[1]
-    kd, vd = kd.repeat_interleave(g, 1), vd.repeat_interleave(g, 1)
-    s = qd @ kd.transpose(-1, -2) * scale
-    t = torch.arange(q.shape[1], device=q.device)
-    m = (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - w)
-    s = s.masked_fill(~m, float("-inf"))
-    return (s.softmax(-1) @ vd).transpose(1, 2)
-
-
 dev, dt = "cuda", torch.bfloat16
 g = torch.Generator(device=dev).manual_seed(0)
 for (T, hq, hkv, w) in ((1000, 8, 2, 100), (3001, 16, 4, 512), (2048, 64, 4, 512)):
@@ -73,7 +62,7 @@ for (T, hq, hkv, w) in ((1000, 8, 2, 100), (3001, 16, 4, 512), (2048, 64, 4, 512
         o, lse = fa3_win(q, k, v, w, sc)
         ref = ref_win(q, k, v, w, sc)
         err = ((o.double() - ref).norm() / ref.norm()).item()
-        tri = W.sliding(q, k, v, window=w, scale=sc, q_start=0, k_start=0, tiles=current(q.device))
+        tri = W.sliding(q, k, v, window=w, scale=sc, q_start=0, k_start=0, tiles=band_tiles(q.device))
         err_t = ((tri.double() - ref).norm() / ref.norm()).item()
         # full causal for contrast: error vs the window ref should be large
         oc, _ = fa3_win(q, k, v, w, sc, left=-1)
@@ -91,7 +80,7 @@ for T in (8192, 16384, 65536, 131072):
         k = torch.randn(1, T, hkv, 128, device=dev, dtype=dt, generator=g)
         v = torch.randn(1, T, hkv, 128, device=dev, dtype=dt, generator=g)
         sc = 128 ** -0.5
-        tl_ = current(q.device)
+        tl_ = band_tiles(q.device)
         r = {}
         try:
             o_f, _ = fa3_win(q, k, v, 512, sc)

@@ -16,7 +16,6 @@ Rerun from the repo root with the wheels installed in /tmp/site:
 
     PYTHONPATH=/tmp/site:$PWD OUT=<dir> python3 bench/experiments/fa4_window.py
 """
-import dataclasses
 import json
 import os
 import sys
@@ -27,15 +26,9 @@ sys.path.insert(0, os.getcwd())
 import torch
 from triton.testing import do_bench
 
+from bench.experiments.window_common import band_tiles, ref_win
 from ci import atomic
 from nsa.backends.triton_kernels import sliding as W
-from nsa.backends.triton_kernels.tiles import current
-
-
-def band_tiles(device):
-    """The device's tiles with FA-4 off: `sliding.sliding` itself takes FA-4 where it is installed
-    (`Tiles.win_fa4`), and the band kernel is what FA-4 is compared with here."""
-    return dataclasses.replace(current(device), win_fa4=False)
 
 OUT = os.environ.get("OUT", "/tmp")
 res: dict = {}
@@ -57,17 +50,6 @@ def fa4_win(q, k, v, w, scale, pack_gqa=None, causal_only=False):
     ws = (None, 0) if causal_only else (w - 1, 0)
     out, _ = flash_attn_func(q, k, v, softmax_scale=scale, causal=True, window_size=ws, pack_gqa=pack_gqa)
     return out
-
-
-def ref_win(q, k, v, w, scale):
-    qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
-    g = qd.shape[1] // kd.shape[1]
-    kd, vd = kd.repeat_interleave(g, 1), vd.repeat_interleave(g, 1)
-    s = qd @ kd.transpose(-1, -2) * scale
-    t = torch.arange(q.shape[1], device=q.device)
-    m = (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - w)
-    s = s.masked_fill(~m, float("-inf"))
-    return (s.softmax(-1) @ vd).transpose(1, 2)
 
 
 def rel(a, ref):
