@@ -5,7 +5,8 @@
 
 Stages: avg compression, the Triton compressed+scores kernels (default: one-pass output + log-sum-exp, then
 the scores kernel; and the earlier two-pass kernel), top-n (Triton, and the torch rule),
-the Triton selection kernel (alone, and with the gated-sum epilogue), sliding (FA-2, Triton), the torch
+the Triton selection kernel (alone, and with the gated-sum epilogue), sliding (FA-2, the Triton band kernel, and
+FA-4 where the flash-attn-4 wheel is installed), the torch
 gated sum, the whole forward as the fast suite times it; and dense causal FA-2 / cuDNN for scale. Paper layout
 (64 query / 4 KV heads unless --heads/--kv-heads, D 128, l=32 d=16 l'=64 n=16 w=512), bf16, B=1.
 """
@@ -53,11 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     from bench.timing import Timer, measure
     from nsa import ops
     from nsa.backends import triton_nsa
+    from nsa.backends.triton_kernels import fa4_win
     from nsa.selection import select_from_scores
 
     if not torch.cuda.is_available():
         print("nsa_breakdown needs CUDA", file=sys.stderr)
         return 2
+
+    def _band(fn):   # the band kernel even where FA-4 is installed (Tiles.win_fa4)
+        with triton_nsa.use_tiles(dataclasses.replace(triton_nsa.current_tiles("cuda"), win_fa4=False)):
+            return fn()
+
     dev, dt, t = "cuda", torch.bfloat16, args.T
     g = torch.Generator(device=dev).manual_seed(0)
     r = lambda *s: torch.randn(*s, device=dev, dtype=dt, generator=g)  # noqa: E731
@@ -112,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         "top-n (torch, select_from_scores)": lambda: select_from_scores(scores, 0, sel_block=64, sel_count=16),
         "selected attention (triton)": lambda: ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton"),
         "sliding w=512 (fa2)": lambda: ops.sliding_window_attention(q, k, v, window=512, backend="fa2"),
-        "sliding w=512 (triton band kernel)": lambda: ops.sliding_window_attention(q, k, v, window=512,
-                                                                                   backend="triton"),
+        "sliding w=512 (triton band kernel)": lambda: _band(lambda: ops.sliding_window_attention(
+            q, k, v, window=512, backend="triton")),
+        **({"sliding w=512 (fa4)": lambda: fa4_win.sliding(q, k, v, window=512, scale=128 ** -0.5)}
+           if fa4_win.usable(q, k, v, window=512, q_start=0, k_start=0) else {}),
         "gated sum (torch)": lambda: gates[..., 0:1] * o_cmp + gates[..., 1:2] * o_sel + gates[..., 2:3] * o_win,
         "selected + gated sum (triton)": lambda: triton_nsa.selected_gated(
             q, k, v, idx, sel_block=64, scale=128 ** -0.5, gates=gates, o_cmp=o_cmp, o_win=o_win),

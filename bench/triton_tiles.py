@@ -107,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     def sel():
         return ops.selected_attention(q, k, v, idx, sel_block=64, backend="triton")
 
-    def win():
-        return ops.sliding_window_attention(q, k, v, window=512, backend="triton")
+    def win():   # the band kernel whose tiles are swept, not FA-4 where it is installed (Tiles.win_fa4)
+        with triton_nsa.use_tiles(dataclasses.replace(triton_nsa.current_tiles(q.device), win_fa4=False)):
+            return ops.sliding_window_attention(q, k, v, window=512, backend="triton")
 
     # Decode: one query per sequence at t = T - 1, B = 8, over the same compressed keys.
     qd = r(8, 1, 64, 128)

@@ -1,10 +1,13 @@
-"""The Triton sliding-window kernel against the fp64 oracle: on CUDA, or on CPU under TRITON_INTERPRET=1.
+"""The Triton sliding-window (band) kernel against the fp64 oracle: on CUDA, or on CPU under
+TRITON_INTERPRET=1; with `Tiles.win_fa4` off, so a GPU with FA-4 installed still tests it.
 
 Outputs are poisoned with NaN before every run, so an element the kernel never writes fails
 `rel_err` (which rejects NaN) instead of passing on whatever memory held.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -29,6 +32,13 @@ CASES = [
     (2, 33, 2, 2, 16, 16, 1),
 ]
 IDS = [f"B{c[0]}-T{c[1]}-Hq{c[2]}-Hkv{c[3]}-dk{c[4]}-dv{c[5]}-w{c[6]}" for c in CASES]
+
+
+@pytest.fixture(autouse=True)
+def band_kernel():
+    """The band kernel, also where FA-4 is installed (`Tiles.win_fa4`; FA-4: tests/nsa/test_fa4_win.py)."""
+    with triton_nsa.use_tiles(dataclasses.replace(triton_nsa.current_tiles(DEV), win_fa4=False)):
+        yield
 
 
 @pytest.fixture(autouse=True)
