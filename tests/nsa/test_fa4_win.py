@@ -197,3 +197,20 @@ def test_fa4_window_bf16_every_head_dim_pair_on_gpu(dk, dv, seed, fa4):
         err, err_band, err_base = rel_err(out, want), rel_err(band, want), rel_err(base, want)
         assert err <= 2 * err_base + 1e-6 and err <= 2 * err_band + 1e-6, (w, err, err_band, err_base)
         assert err_band <= 2 * err_base + 1e-6, (w, err_band, err_base)
+
+
+def test_fa4_load_silences_only_the_cute_dsl_compile_warning(monkeypatch):
+    """FA-4's compile warns that its `aux_data` argument is no JIT argument (one UserWarning per
+    compile); the first successful `load` filters that message, and nothing else."""
+    import warnings
+
+    monkeypatch.setitem(sys.modules, fa4_win.MODULE, _fake_fa4([]))
+    monkeypatch.setattr(fa4_win, "_QUIET", [])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert fa4_win.load() is not None and fa4_win.load() is not None
+        warnings.warn("Argument aux_data (position 17) cannot be converted to a JitArgument for function 'f'",
+                      UserWarning, stacklevel=1)
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["another warning"]
+    assert fa4_win._QUIET == [True]

@@ -34,6 +34,9 @@ DTYPES = (torch.bfloat16,)
 _DIMS = {(64, 64), (96, 96), (128, 128), (192, 128), (192, 192), (256, 256)}
 
 
+_QUIET: list[bool] = []
+
+
 def load() -> ModuleType | None:
     """FA-4's interface module (with `flash_attn_func`), or None where it is not installed or
     cannot load (a missing CuTe DSL or CUDA library raises more than ImportError)."""
@@ -41,7 +44,16 @@ def load() -> ModuleType | None:
         mod = importlib.import_module(MODULE)
     except Exception:  # noqa: BLE001 - a broken install may raise anything on import
         return None
-    return mod if hasattr(mod, "flash_attn_func") else None
+    if not hasattr(mod, "flash_attn_func"):
+        return None
+    if not _QUIET:
+        # The CuTe DSL warns at each compile that FA-4's `aux_data` argument is no JIT argument:
+        # one filter for that message alone, set once (a `catch_warnings` per call would swap
+        # the process's filters under other threads).
+        warnings.filterwarnings("ignore", message=r"Argument aux_data .* cannot be converted to a JitArgument",
+                                category=UserWarning)
+        _QUIET.append(True)
+    return mod
 
 
 def _capability(device: torch.device) -> tuple[int, int]:
@@ -67,8 +79,5 @@ def sliding(q: Tensor, k: Tensor, v: Tensor, *, window: int, scale: float) -> Te
     fa4 = load()
     if fa4 is None:
         raise RuntimeError(f"{MODULE} is not importable; check fa4_win.usable(...) before fa4_win.sliding")
-    with warnings.catch_warnings():
-        # CuTe DSL warns at each compile that FA-4's `aux_data` argument is not a JIT argument.
-        warnings.filterwarnings("ignore", message=r"Argument aux_data .*", category=UserWarning)
-        out, _ = fa4.flash_attn_func(q, k, v, softmax_scale=scale, causal=True, window_size=(window - 1, 0))
+    out, _ = fa4.flash_attn_func(q, k, v, softmax_scale=scale, causal=True, window_size=(window - 1, 0))
     return out
