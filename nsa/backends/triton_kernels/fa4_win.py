@@ -7,8 +7,8 @@ right edge. Layout `[B, T, H, D]` in and out, as ours; GQA by FA-4's own head ma
 Where it runs: CUDA on sm90, bf16, the head-dim pairs in `_DIMS` (each checked against the fp64
 oracle on the H100: tests/nsa/test_fa4_win.py), a prefill over the whole sequence (`q_start ==
 k_start == 0`, as many queries as keys), `Tiles.win_fa4`; else the caller runs the band kernel.
-FA-4 compiles a kernel per configuration on its first call in a process (3.0-3.6 s measured on
-the H100); later calls reuse it.
+FA-4 compiles a kernel per configuration on its first call in a process (3.0-3.6 s in the stored run,
+2.7-4.9 s over three runs of `fa4_window.py` on the H100); later calls reuse it.
 
 Measured on the H100 (`bench/experiments/fa4_window.py`, `results/h100/fa4-win/`), the window
 alone, w = 512, median ms, band kernel -> FA-4: 64/4 heads 8k 0.41 -> 0.33, 16k 0.82 -> 0.68, 64k
