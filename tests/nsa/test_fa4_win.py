@@ -119,8 +119,8 @@ def test_fa4_window_matches_band_kernel_and_oracle(b, t, hq, hkv, dk, dv, w, see
 def test_fa4_window_not_used_where_it_cannot_run(seed, fa4, monkeypatch):
     """The band kernel, and no FA-4 call, for: `win_fa4` off, a chunked prefill (q_start > 0), a
     decode-like call over a key suffix (k_start > 0), as many queries as keys but starting later
-    (FA-4 would align them), a head-dim pair FA-4
-    was not checked with, a dtype outside its list, and a GPU other than sm90."""
+    (FA-4 would align them), fewer queries than keys, keys after every query, a head-dim pair
+    FA-4 was not checked with, a dtype outside its list, and a GPU other than sm90."""
     dt = _dtype()
     q, k, v = qkv(1, 40, 4, 2, 64, 64, dtype=dt, device=DEV)
     want = reference.sliding_window_attention(q, k, v, window=9)
