@@ -58,7 +58,7 @@ if triton is not None:
     from nsa.backends.triton_kernels import topn as _topn
 
 __all__ = ["PROFILES", "TILES", "Tiles", "beside", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_counts", "decode_step",
-           "decode_unsupported_reason", "kernels_interpreted", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
+           "decode_unsupported_reason", "distinct_blocks", "kernels_interpreted", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
            "unsupported_reason", "use_tiles"]
 
 # The H100 values as a read-only mapping, for readers of the old module-level table. Launches
@@ -158,13 +158,24 @@ def _selection(q: Tensor, k: Tensor, tiles: Tiles):
     return _selb if group <= tiles.selb_max_group and rows >= tiles.selb_min_rows else _sel
 
 
+def distinct_blocks(idx: Tensor) -> Tensor:
+    """`idx [..., n]` with each row's repeats of a block replaced by -1 (the rows sorted): the
+    kernels attend every slot they are given, while the spec's selected set counts a block once
+    (docs/nsa.md, "Selection"; nsa.reference.selected_attention)."""
+    s = idx.sort(-1).values
+    again = torch.zeros_like(s, dtype=torch.bool)
+    again[..., 1:] = (s[..., 1:] == s[..., :-1]) & (s[..., 1:] >= 0)
+    return s.masked_fill(again, -1)
+
+
 def selected(call: AttnCall) -> Tensor:
-    """Selected attention over `call.block_indices [B, Tq, Hkv, n]` -> `[B, Tq, Hq, dv]`."""
+    """Selected attention over `call.block_indices [B, Tq, Hkv, n]` -> `[B, Tq, Hq, dv]`; a block
+    given twice in a row counts once (`distinct_blocks`)."""
     _require()
     _check_qkv(call.q, call.k, call.v)
     _check_block("sel_block", call.sel_block)
     tiles = _tiles(call.q, None)
-    return _selection(call.q, call.k, tiles).selected(call.q, call.k, call.v, call.block_indices,
+    return _selection(call.q, call.k, tiles).selected(call.q, call.k, call.v, distinct_blocks(call.block_indices),
                                                       sel_block=call.sel_block, scale=call.scale,
                                                       q_start=call.q_start, k_start=call.k_start, tiles=tiles)
 
@@ -174,7 +185,9 @@ def selected_gated(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: i
                    tiles: Tiles | None = None) -> Tensor:
     """The whole NSA output `g_cmp * o_cmp + g_sel * selected(q, k, v, idx) + g_win * o_win`
     (gates `[B, Tq, Hq, 3]`, o_cmp/o_win `[B, Tq, Hq, dv]`), the gated sum done in the selection
-    kernel's epilogue."""
+    kernel's epilogue. `idx` rows must hold distinct blocks, as `ops.select_blocks` and
+    `compressed_select` give them (a repeat would be attended twice; `distinct_blocks` removes
+    repeats, at the cost of a sort this hot path does not pay)."""
     _require()
     _check_qkv(q, k, v)
     _check_block("sel_block", sel_block)

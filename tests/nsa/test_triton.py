@@ -79,6 +79,29 @@ def test_triton_block_centric_selection_matches_oracle(shape, steps, seed, tiles
     assert rel_err(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("family", ["group-centric", "block-centric"])
+def test_triton_selected_counts_a_repeated_block_once(family, seed, tiles):
+    """Caller-given block lists with -1 slots, a repeat in every row, blocks ahead of the query and
+    rows with nothing selected: the spec's set (nsa.reference.selected_attention) in both kernel
+    families. Before `distinct_blocks` both attended a repeat twice (0.43 off the oracle)."""
+    tiles(selb_max_group=16 if family == "block-centric" else 0, selb_min_rows=0, selb_rows=16)
+    shape = (2, 83, 8, 2, 16, 12)
+    b, t, _, hkv, *_ = shape
+    q, k, v = qkv(*shape, device=DEV)
+    idx = torch.randint(-1, (t + 15) // 16, (b, t, hkv, 5), device=DEV)
+    idx[..., 4] = idx[..., 1]
+    idx[0, 10:13, 1] = -1
+    out = ops.selected_attention(q, k, v, idx, sel_block=16, backend="triton")
+    assert rel_err(out, reference.selected_attention(q, k, v, idx, sel_block=16)) < 1e-5
+    assert out[0, 10:13, 4:].abs().max() == 0
+
+
+def test_distinct_blocks_keeps_each_block_once():
+    idx = torch.tensor([[3, 1, 3, -1, 1], [0, 0, 0, 0, 0], [-1, -1, 2, -1, 5]])
+    got = triton_nsa.distinct_blocks(idx)
+    assert got.tolist() == [[-1, 1, -1, 3, -1], [0, -1, -1, -1, -1], [-1, -1, -1, 2, 5]]
+
+
 def _score_ref(q, kc, t, nb, shape, scale, block=8, stride=4, sel_block=16):
     p = compressed_probs(q.double(), kc.double(), torch.arange(t, device=q.device), block=block, stride=stride,
                          scale=scale)
