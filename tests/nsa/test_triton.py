@@ -53,15 +53,19 @@ def test_triton_selected_matches_oracle(shape, split, seed, tiles):
     assert rel_err(out_t, out[:, t:t + 1]) < 1e-5
 
 
-@pytest.mark.parametrize("steps", [1, 3], ids=["one-step", "three-steps"])
-@pytest.mark.parametrize("shape", SHAPES + [(1, 300, 4, 4, 16, 16)], ids=IDS + ["B1-T300-Hq4-Hkv4-dk16-dv16"])
-def test_triton_block_centric_selection_matches_oracle(shape, steps, seed, tiles):
+@pytest.mark.parametrize("steps,forced", [(1, False), (3, True)], ids=["one-step-lists-only", "three-steps-forced"])
+@pytest.mark.parametrize("shape", SHAPES + [(1, 300, 4, 4, 16, 16), (1, 50, 6, 2, 16, 16)],
+                         ids=IDS + ["B1-T300-Hq4-Hkv4-dk16-dv16", "B1-T50-Hq6-Hkv2-dk16-dv16"])
+def test_triton_block_centric_selection_matches_oracle(shape, steps, forced, seed, tiles):
     """The block-centric path (selection_blocks.py: entries sorted by key block, one program per
-    chunk of a block's list, partials combined per query): the oracle's output for GQA 1/4/16,
+    chunk of a block's list, partials combined per query): the oracle's output for GQA 1/4/16 and
+    3 (a head tile padded to 4),
     lists longer than one chunk (block 0 is chosen by every query; T=300 gives 19 blocks), chunks
     of one or three steps of entries over one K/V load (the last step of a list part-filled), a
-    chunk of queries at q_start > 0, and the gated epilogue."""
-    tiles(selb_max_group=16, selb_min_rows=0, selb_rows=16, selb_steps=steps)
+    chunk of queries at q_start > 0 (query tiles of the forced-block combine straddling two current
+    blocks), keys from k_start > 0, and the gated epilogue; with each query's forced blocks in the
+    combine (`Tiles.selb_forced`, the default) or every slot in the lists."""
+    tiles(selb_max_group=16, selb_min_rows=0, selb_rows=16, selb_steps=steps, selb_forced=forced)
     q, k, v = qkv(*shape, device=DEV)
     kc, vc = ops.compress_kv(k, v, block=8, stride=4)
     idx = ops.select_blocks(q, kc, block=8, stride=4, sel_block=16, sel_count=4)
@@ -70,6 +74,10 @@ def test_triton_block_centric_selection_matches_oracle(shape, steps, seed, tiles
     t0 = shape[1] // 2 + 1
     out_c = ops.selected_attention(q[:, t0:], k, v, idx[:, t0:], sel_block=16, backend="triton", q_start=t0)
     assert rel_err(out_c, out[:, t0:]) < 1e-5
+    k0 = 7                            # keys from position 7 on only (a cache suffix): blocks before it masked
+    args = (q[:, t0:], k[:, k0:], v[:, k0:], idx[:, t0:])
+    out_k = ops.selected_attention(*args, sel_block=16, backend="triton", q_start=t0, k_start=k0)
+    assert rel_err(out_k, ops.selected_attention(*args, sel_block=16, backend="sdpa", q_start=t0, k_start=k0)) < 1e-5
     o_cmp = ops.compressed_attention(q, kc, vc, block=8, stride=4)
     o_win = ops.sliding_window_attention(q, k, v, window=20)
     gates = torch.sigmoid(rand(*shape[:3], 3, device=DEV))
@@ -94,6 +102,32 @@ def test_triton_selected_counts_a_repeated_block_once(family, seed, tiles):
     out = ops.selected_attention(q, k, v, idx, sel_block=16, backend="triton")
     assert rel_err(out, reference.selected_attention(q, k, v, idx, sel_block=16)) < 1e-5
     assert out[0, 10:13, 4:].abs().max() == 0
+
+
+def test_block_lists_leave_out_the_forced_blocks():
+    """With `selb_forced` the lists take every given block but each query's 0, current and
+    previous ones (a forced block left in a list would be attended, and its partial skipped)."""
+    from nsa.backends.triton_kernels.selection_blocks import listed_slots
+
+    idx = torch.tensor([[[[0, 1, 2, 5]]], [[[0, 3, 4, 5]]], [[[-1, 2, 6, 7]]]]).permute(1, 0, 2, 3)  # t = 0, 1, 2
+    assert listed_slots(idx, 95, 32, forced=False).tolist() == (idx >= 0).tolist()
+    # positions 95, 96, 97: current blocks 2, 3, 3
+    assert listed_slots(idx, 95, 32, forced=True)[0, :, 0].tolist() == [
+        [False, False, False, True], [False, False, True, True], [False, False, True, True]]
+
+
+@pytest.mark.parametrize("family", ["group-centric", "block-centric"])
+def test_triton_selected_with_logits_in_the_hundreds(family, seed, tiles):
+    """Queries scaled so logits reach the hundreds (exp overflows fp32 past 88): every merge of
+    partials must subtract a maximum over all of them, the forced blocks' and the lists'."""
+    tiles(selb_max_group=16 if family == "block-centric" else 0, selb_min_rows=0, selb_rows=16)
+    q, k, v = qkv(1, 90, 8, 2, 16, 16, device=DEV)
+    q = q * 400
+    kc, _ = ops.compress_kv(k, v, block=8, stride=4)
+    idx = ops.select_blocks(q, kc, block=8, stride=4, sel_block=16, sel_count=4)
+    out = ops.selected_attention(q, k, v, idx, sel_block=16, backend="triton")
+    assert out.isfinite().all()
+    assert rel_err(out, reference.selected_attention(q, k, v, idx, sel_block=16)) < 1e-4
 
 
 def test_distinct_blocks_keeps_each_block_once():
@@ -402,11 +436,13 @@ def test_triton_bf16_paper_shapes_on_gpu(seed):
 
 @pytest.mark.skipif(DEV != "cuda", reason="bf16 tensor-core path needs CUDA")
 @pytest.mark.gpu
-@pytest.mark.parametrize("part_fp32", [False, True], ids=["bf16-partials", "fp32-partials"])
-def test_triton_block_centric_bf16_on_gpu(part_fp32, seed, tiles):
+@pytest.mark.parametrize("part_fp32,forced", [(False, True), (True, True), (False, False)],
+                         ids=["bf16-partials", "fp32-partials", "bf16-lists-only"])
+def test_triton_block_centric_bf16_on_gpu(part_fp32, forced, seed, tiles):
     """bf16, paper block sizes, GQA 1 and 4 through the block-centric kernel, partial outputs
-    rounded to bf16 (the default) or kept in fp32: within 2x SDPA's error of the fp64 oracle."""
-    tiles(selb_max_group=4, selb_min_rows=0, selb_part_fp32=part_fp32)
+    rounded to bf16 (the default) or kept in fp32, the forced blocks in the combine (the default)
+    or in the lists: within 2x SDPA's error of the fp64 oracle."""
+    tiles(selb_max_group=4, selb_min_rows=0, selb_part_fp32=part_fp32, selb_forced=forced)
     for hq, hkv in ((16, 16), (16, 4)):
         q, k, v = qkv(1, 1000, hq, hkv, 128, 128, dtype=torch.bfloat16, device=DEV)
         kc, _ = ops.compress_kv(k, v, block=32, stride=16)

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from nsa.backends.triton_kernels import common
 from nsa.backends.triton_kernels.common import _dot, _pv, np2
-from nsa.backends.triton_kernels.selection import _gated
+from nsa.backends.triton_kernels.selection import _gate_sum, _gated
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 
@@ -141,6 +141,119 @@ def _selb_combine(OP, LSEP, IDX, Out, OC, OW, GT, sib, sit, sih, sob, sot, soh,
              mask=omask)
 
 
+@triton.jit
+def _is_forced(j, cur):
+    """Block(s) `j` among the forced blocks of a query whose current block is `cur` (0, cur, cur - 1)."""
+    return (j >= 0) & ((j == 0) | (j == cur) | (j == cur - 1))
+
+
+@triton.jit
+def _forced_step(q, K, V, given, j, cur, t_abs, valid, m_i, l_i, acc, b, h, skb, skt, skh, svb, svt, svh,
+                 T_k, k_start, scale2, SEL: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
+                 BDV: tl.constexpr, IEEE: tl.constexpr):
+    """Block `j` into the rows' online softmax (log2 units) for the rows that have it among their
+    forced blocks and in their block list (`given [rows, slots]`, -1 padded), keys `<= t_abs`."""
+    member = valid & _is_forced(j, cur) & (tl.sum((given == j).to(tl.int32), 1) > 0)
+    offs_dk = tl.arange(0, BDK)
+    offs_dv = tl.arange(0, BDV)
+    pos = j * SEL + tl.arange(0, SEL)
+    kvalid = (pos >= k_start) & (pos < k_start + T_k)
+    kpos = pos - k_start
+    k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
+                mask=kvalid[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
+                mask=kvalid[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    s = _dot(q, tl.trans(k), IEEE) * scale2
+    vis = member[:, None] & kvalid[None, :] & (pos[None, :] <= t_abs[:, None])
+    return common._softmax_step(tl.where(vis, s, float("-inf")), v, m_i, l_i, acc, IEEE)
+
+
+@triton.jit
+def _selb_forced_combine(Q, K, V, OP, LSEP, IDX, Out, OC, OW, GT,
+                         sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sib, sit, sih, sob, sot, soh,
+                         scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc, Tq, T_k, q_start, k_start, scale2,
+                         HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, N_SEL: tl.constexpr,
+                         BN: tl.constexpr, SEL: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr,
+                         BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, GATED: tl.constexpr):
+    """The combine with the forced blocks taken here (`Tiles.selb_forced`): one program per
+    (BQ <= SEL queries, batch, KV group) attends each row's forced blocks that its list holds (0,
+    the current and the previous block: at most 4 blocks for the whole tile, since BQ queries span
+    at most two current blocks) with an online softmax, then merges that (max, sum, output) with
+    the row's other slots' partials (which `selected` kept out of the lists) and applies the gated
+    sum with GATED. Rows: query-major, G heads each (padded to GP)."""
+    t0 = tl.program_id(0) * BQ
+    bh = tl.program_id(1)
+    b = (bh // HKV).to(tl.int64)
+    h = bh % HKV
+    rows = tl.arange(0, BQ * GP)
+    t = (t0 + rows // GP).to(tl.int64)
+    g = rows % GP
+    valid = (t < Tq) & (g < G)
+    heads = h * G + g
+    t_abs = q_start + t
+    cur = t_abs // SEL
+    offs_dk = tl.arange(0, BDK)
+    offs_dv = tl.arange(0, BDV)
+    q = tl.load(Q + b * sqb + t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
+                mask=valid[:, None] & (offs_dk[None, :] < DK), other=0.0)
+    idx_row = IDX + b * sib + t * sit + h * sih
+    offs_s = tl.arange(0, BN)
+    given = tl.load(idx_row[:, None] + offs_s[None, :], mask=valid[:, None] & (offs_s[None, :] < N_SEL), other=-1)
+    m_i = tl.full([BQ * GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([BQ * GP], tl.float32)
+    acc = tl.zeros([BQ * GP, BDV], tl.float32)
+    # The tile's forced blocks, each once: 0, then c_lo - 1 .. c_hi (c_hi <= c_lo + 1), from 1.
+    c_lo = (q_start + t0) // SEL
+    c_hi = (q_start + tl.minimum(t0 + BQ, Tq) - 1) // SEL
+    m_i, l_i, acc = _forced_step(q, K, V, given, 0, cur, t_abs, valid, m_i, l_i, acc, b, h, skb, skt, skh,
+                                 svb, svt, svh, T_k, k_start, scale2, SEL, DK, DV, BDK, BDV, IEEE)
+    for i in tl.static_range(3):
+        j = c_lo - 1 + i
+        if (j >= 1) & (j <= c_hi):
+            m_i, l_i, acc = _forced_step(q, K, V, given, j, cur, t_abs, valid, m_i, l_i, acc, b, h, skb, skt,
+                                         skh, svb, svt, svh, T_k, k_start, scale2, SEL, DK, DV, BDK, BDV, IEEE)
+    m_f = m_i / common.LOG2E                   # natural log units, as the partials' log-sum-exps
+    base = ((b * Tq + t) * HKV + h) * N_SEL
+    m = m_f
+    for s in tl.static_range(N_SEL):   # pass 1: the largest log-sum-exp of each row (the forced max too)
+        j = tl.load(idx_row + s, mask=valid, other=-1)
+        used = valid & (j >= 0) & ~_is_forced(j, cur)
+        m = tl.maximum(m, tl.load(LSEP + (base + s) * G + g, mask=used, other=float("-inf")))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w_f = tl.exp(m_f - m_safe)
+    l_tot = l_i * w_f
+    acc = acc * w_f[:, None]
+    for s in tl.static_range(N_SEL):   # pass 2: the weighted outputs of the listed slots
+        j = tl.load(idx_row + s, mask=valid, other=-1)
+        used = valid & (j >= 0) & ~_is_forced(j, cur)
+        row = (base + s) * G + g
+        w = tl.exp(tl.load(LSEP + row, mask=used, other=float("-inf")) - m_safe)
+        o_s = tl.load(OP + row[:, None] * DV + offs_dv[None, :], mask=used[:, None] & (offs_dv[None, :] < DV),
+                      other=0.0)
+        l_tot += w
+        acc += w[:, None] * o_s.to(tl.float32)
+    o = acc / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
+    omask = valid[:, None] & (offs_dv[None, :] < DV)
+    if GATED:
+        oc = tl.load(OC + b * scb + t[:, None] * sct + heads[:, None] * sch + offs_dv[None, :], mask=omask, other=0.0)
+        ow = tl.load(OW + b * swb + t[:, None] * swt + heads[:, None] * swh + offs_dv[None, :], mask=omask, other=0.0)
+        o = _gate_sum(oc.to(tl.float32), o, ow.to(tl.float32), GT + b * sgb + t * sgt + heads * sgh, valid, sgc)
+    tl.store(Out + b * sob + t[:, None] * sot + heads[:, None] * soh + offs_dv[None, :], o.to(Out.dtype.element_ty),
+             mask=omask)
+
+
+def listed_slots(idx: Tensor, q_start: int, sel_block: int, forced: bool) -> Tensor:
+    """The slots of `idx [B, Tq, Hkv, n]` that go to the block lists: those holding a block,
+    less (`forced`) each query's forced blocks (0, current, previous), which the combine's query
+    tiles attend (`_selb_forced_combine`, the same rule as `_is_forced`)."""
+    listed = idx >= 0
+    if forced:
+        pos = q_start + torch.arange(idx.shape[1], device=idx.device, dtype=idx.dtype)
+        cur = pos.div(sel_block, rounding_mode="floor")[None, :, None, None]
+        listed &= (idx != 0) & (idx != cur) & (idx != cur - 1)
+    return listed
+
+
 def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, scale: float, q_start: int,
              k_start: int, tiles: Tiles, gated: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
     """Same contract as `selection.selected` (prefill, small groups): `q [B, Tq, Hq, dk]` over
@@ -157,7 +270,8 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
     # Entries (b, t, h, s) in flat order; key = list id (b, h, block), invalid slots last.
     bh = (torch.arange(b, device=q.device, dtype=torch.int32)[:, None, None, None] * hkv
           + torch.arange(hkv, device=q.device, dtype=torch.int32)[None, None, :, None])
-    key = torch.where(idx >= 0, bh * nbk + idx, n_lists).flatten()
+    forced = tiles.selb_forced
+    key = torch.where(listed_slots(idx, q_start, sel_block, forced), bh * nbk + idx, n_lists).flatten()
     sorted_key, order = torch.sort(key, stable=True)
     # List l's entries are sorted[lstart[l] : lstart[l + 1]] (a search of the sorted keys, no histogram).
     lstart = torch.searchsorted(sorted_key, torch.arange(n_lists + 1, device=q.device, dtype=key.dtype))
@@ -180,6 +294,18 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
         HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, SEL=sel_block, DK=dk, DV=dv, BQ=bq,
         STEPS=tiles.selb_steps, BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32, DYN=not interpreting(),
         **tiles.launch("selb"))
+    if forced:
+        bq_f = max(1, min(sel_block, tiles.selb_forced_rows // triton.next_power_of_2(group)))
+        _selb_forced_combine[(triton.cdiv(tq, bq_f), b * hkv)](
+            q, k, v, part_o, part_lse, idx, o, o_cmp, o_win, gates, q.stride(0), q.stride(1), q.stride(2),
+            k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), idx.stride(0),
+            idx.stride(1), idx.stride(2), o.stride(0), o.stride(1), o.stride(2), o_cmp.stride(0), o_cmp.stride(1),
+            o_cmp.stride(2), o_win.stride(0), o_win.stride(1), o_win.stride(2), gates.stride(0), gates.stride(1),
+            gates.stride(2), gates.stride(3), tq, tk, q_start, k_start, scale * common.LOG2E,
+            HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, BN=np2(n_sel, 1), SEL=sel_block,
+            DK=dk, DV=dv, BQ=bq_f, BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32, GATED=gated is not None,
+            num_warps=tiles.selb_forced_warps)
+        return o
     _selb_combine[(tq, b * hkv)](
         part_o, part_lse, idx, o, o_cmp, o_win, gates, idx.stride(0), idx.stride(1), idx.stride(2), o.stride(0), o.stride(1),
         o.stride(2), o_cmp.stride(0), o_cmp.stride(1), o_cmp.stride(2), o_win.stride(0), o_win.stride(1),

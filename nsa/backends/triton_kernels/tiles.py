@@ -58,6 +58,10 @@ class Tiles:
     selb_stages: int | None = 2   # (the loop over steps below pipelines the gathers; 3 stages measured 1.6x slower)
     selb_steps: int = 8           # block-centric: steps of selb_rows rows per program, one K/V load for all
                                   # (64k: 32/8 9.8 -> 8.4 ms, 16/16 5.2 -> 4.4 ms; results/h100/selb-steps/)
+    selb_forced: bool = True      # block-centric: each query's forced blocks (0, current, previous) attended by
+                                  # query tiles in the combine, outside the lists (selection_blocks.py)
+    selb_forced_rows: int = 128   # ... (query, head) rows per combine program (queries <= sel_block)
+    selb_forced_warps: int = 4
     selb_part_fp32: bool = False  # block-centric: partial outputs in fp32 (default: the input dtype; bf16 halves the
                                   # partials' traffic: 32/8 heads at 64k, results/h100/selb-bf16/)
     sel_split: int = 4            # decode: programs per row of the selection kernel (blocks split)
@@ -109,7 +113,7 @@ class Tiles:
                 continue
             if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64",
                           "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32", "dec_flags",
-                          "win_beside", "win_fa4"):
+                          "win_beside", "win_fa4", "selb_forced"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
@@ -122,14 +126,15 @@ class Tiles:
                                  "triton_kernels/tiles.py for the meaning of each field")
         for name in ("cmp_rows", "cmp_bc", "win_rows", "win_bn", "topn_chunk", "cmp_warps", "sel_warps",
                      "split_warps", "win_warps", "lse_rows", "lse_bc", "lse_warps",
-                     "scr_bq", "scr_bk", "scr_warps", "selb_rows", "selb_warps", "topn_warps", "dec_chunk",
+                     "scr_bq", "scr_bk", "scr_warps", "selb_rows", "selb_warps", "selb_forced_rows", "selb_forced_warps",
+                     "topn_warps", "dec_chunk",
                      "dec_warps", "dtop_warps", "dout_warps", "dblk_warps",
                      "dec_max_blocks", "dout_cols", "dec_cb", "topn_cap", "topn_nchunk", "dtop_once"):
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two (tl.arange sizes, warps), got {value}")
         for name in ("cmp_bc", "win_bn", "lse_bc", "scr_bq", "scr_bk", "lse_rows", "selb_rows", "dec_chunk", "dout_cols",
-                     "topn_cap"):
+                     "topn_cap", "selb_forced_rows"):
             if getattr(self, name) < 16:
                 raise ValueError(f"Tiles.{name} must be >= 16 (tl.dot's smallest tile), got {getattr(self, name)}")
 
