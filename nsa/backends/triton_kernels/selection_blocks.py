@@ -11,6 +11,12 @@ partial (its output over the block, normalised, and its log-sum-exp) to buffers 
 entry. A combine kernel then merges the `n` partials of each (query, group), in slot order, and
 applies the gated sum.
 
+Forced blocks (`Tiles.selb_forced`, off by default): each query's blocks 0, current and previous
+can stay out of the lists and be attended by query tiles inside the combine
+(`_selb_forced_combine`), which saves the lists kernel 3 of 16 entries per (query, group) but, as
+built, makes the combine far slower (32/8 heads at 64k: lists 8.38 -> 6.90 ms, combine 3.48 ->
+11.84 ms; docs/perf-notes.md item 42).
+
 Inversion: a stable sort of the entries by (batch, KV head, block), the lists' starts, a chunk
 table, and each program's list by one `searchsorted` over the chunk table, so the launch needs
 no host synchronisation (the grid is an upper bound; spare programs return).

@@ -58,8 +58,10 @@ class Tiles:
     selb_stages: int | None = 2   # (the loop over steps below pipelines the gathers; 3 stages measured 1.6x slower)
     selb_steps: int = 8           # block-centric: steps of selb_rows rows per program, one K/V load for all
                                   # (64k: 32/8 9.8 -> 8.4 ms, 16/16 5.2 -> 4.4 ms; results/h100/selb-steps/)
-    selb_forced: bool = True      # block-centric: each query's forced blocks (0, current, previous) attended by
-                                  # query tiles in the combine, outside the lists (selection_blocks.py)
+    selb_forced: bool = False     # block-centric: each query's forced blocks (0, current, previous) attended by
+                                  # query tiles in the combine, outside the lists (selection_blocks.py). Off:
+                                  # 32/8 at 64k the lists kernel 8.38 -> 6.90 ms but this combine 3.48 -> 11.84
+                                  # (forward 24.1 -> 31.0; results/h100/selb-forced/)
     selb_forced_rows: int = 128   # ... (query, head) rows per combine program (queries <= sel_block)
     selb_forced_warps: int = 4
     selb_part_fp32: bool = False  # block-centric: partial outputs in fp32 (default: the input dtype; bf16 halves the
