@@ -4,7 +4,7 @@ flushed before each repeat), on the same random inputs (bf16, seed 0, the paper'
 one K/V per branch as the fast suite).
 
     PYTHONPATH=$PWD OUT=<dir> [REP_MS=400] python3 bench/experiments/forward_ab.py NAME \\
-        --variant base: --variant lists:selb_forced=False [--variant ...] [T/HQ/HKV[/DK] ...]
+        --variant base: --variant lists:selb_forced_min_group=0 [--variant ...] [T/HQ/HKV[/DK] ...]
 
 A variant is `LABEL:FIELD=VALUE,FIELD=VALUE` (no fields: the device's tiles); the first is the
 reference of `rel_diff` (each variant's output against it; 0 when the same kernels run). Cells

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Each mutation of the forced-block combine in nsa/backends/triton_kernels/selection_blocks.py must
+# Each mutation of the forced-block kernel and the combine's forced mode in nsa/backends/triton_kernels/selection_blocks.py must
 # fail the block-centric tests of tests/nsa/test_triton.py (CPU, Triton's interpreter):
 # bash bench/experiments/selb_forced_mutations.sh from the repo root, with .venv built.
 cd "$(dirname "$0")/../.."
@@ -16,8 +16,13 @@ sed -i 's/        if (j >= 1) \& (j <= c_hi):/        if (j >= 0) \& (j <= c_hi)
 sed -i 's/    member = valid \& _is_forced(j, cur) \& (tl.sum((given == j).to(tl.int32), 1) > 0)/    member = valid \& _is_forced(j, cur)/' $f; run "forced blocks the list lacks attended"
 sed -i 's/    return (j >= 0) \& ((j == 0) | (j == cur) | (j == cur - 1))/    return (j >= 0) \& ((j == 0) | (j == cur))/' $f; run "the kernel's rule without the previous block"
 sed -i 's/        listed \&= (idx != 0) \& (idx != cur) \& (idx != cur - 1)/        listed \&= (idx != 0) \& (idx != cur)/' $f; run "the lists' rule without the previous block"
-sed -i 's/    w_f = tl.exp(m_f - m_safe)/    w_f = tl.exp(m_f - m_safe) * 0.5/' $f; run "the forced part misweighted"
-sed -i 's/        m = tl.maximum(m, tl.load(LSEP + (base + s) \* G + g, mask=used, other=float("-inf")))/        m = m/' $f; run "the slots left out of the max"
+sed -i 's/        w = tl.exp(tl.load(FLSE + frow, mask=gmask, other=float("-inf")) - m_safe)/& * 0.5/' $f; run "the forced partial misweighted"
+sed -i 's/        m = tl.load(FLSE + frow, mask=gmask, other=float("-inf"))/        m = m/' $f; run "the forced partial left out of the max"
+sed -i 's/        m = tl.maximum(m, tl.load(LSEP + (base + s) \* G + offs_g, mask=gmask \& used, other=float("-inf")))/        m = m/' $f; run "the slots left out of the max"
+sed -i 's/            used = used \& ~_is_forced(j, cur)/            used = used/' $f; run "the forced slots merged by the combine too"
+sed -i 's/    cur = (q_start + t) \/\/ SEL/    cur = t \/\/ SEL/' $f; run "the combine's current block without q_start"
+sed -i 's/(m_i + tl.log2(l_safe)) \/ common.LOG2E)/m_i + tl.log2(l_safe))/' $f; run "the forced log-sum-exp left in log2 units"
+sed -i 's/(acc \/ l_safe\[:, None\]).to(FOP/acc.to(FOP/' $f; run "the forced partial not normalised"
 sed -i 's/    valid = (t < Tq) \& (g < G)$/    valid = t < Tq/' $f; run "padded heads stored"
 python3 - <<'PY'
 p = "nsa/backends/triton_kernels/selection_blocks.py"

@@ -64,8 +64,8 @@ def test_triton_block_centric_selection_matches_oracle(shape, steps, forced, see
     of one or three steps of entries over one K/V load (the last step of a list part-filled), a
     chunk of queries at q_start > 0 (query tiles of the forced-block combine straddling two current
     blocks), keys from k_start > 0, and the gated epilogue; with each query's forced blocks in the
-    combine (`Tiles.selb_forced`) or every slot in the lists (the default)."""
-    tiles(selb_max_group=16, selb_min_rows=0, selb_rows=16, selb_steps=steps, selb_forced=forced)
+    own kernel (`Tiles.selb_forced_min_group`) or every slot in the lists."""
+    tiles(selb_max_group=16, selb_min_rows=0, selb_rows=16, selb_steps=steps, selb_forced_min_group=1 if forced else 0)
     q, k, v = qkv(*shape, device=DEV)
     kc, vc = ops.compress_kv(k, v, block=8, stride=4)
     idx = ops.select_blocks(q, kc, block=8, stride=4, sel_block=16, sel_count=4)
@@ -92,7 +92,7 @@ def test_triton_selected_counts_a_repeated_block_once(family, seed, tiles):
     """Caller-given block lists with -1 slots, a repeat in every row, blocks ahead of the query and
     rows with nothing selected: the spec's set (nsa.reference.selected_attention) in both kernel
     families. Before `distinct_blocks` both attended a repeat twice (0.43 off the oracle)."""
-    tiles(selb_max_group=16 if family == "block-centric" else 0, selb_min_rows=0, selb_rows=16, selb_forced=True)
+    tiles(selb_max_group=16 if family == "block-centric" else 0, selb_min_rows=0, selb_rows=16, selb_forced_min_group=1)
     shape = (2, 83, 8, 2, 16, 12)
     b, t, _, hkv, *_ = shape
     q, k, v = qkv(*shape, device=DEV)
@@ -105,7 +105,7 @@ def test_triton_selected_counts_a_repeated_block_once(family, seed, tiles):
 
 
 def test_block_lists_leave_out_the_forced_blocks():
-    """With `selb_forced` the lists take every given block but each query's 0, current and
+    """With the forced-block kernel the lists take every given block but each query's 0, current and
     previous ones (a forced block left in a list would be attended, and its partial skipped)."""
     from nsa.backends.triton_kernels.selection_blocks import listed_slots
 
@@ -120,7 +120,7 @@ def test_block_lists_leave_out_the_forced_blocks():
 def test_triton_selected_with_logits_in_the_hundreds(family, seed, tiles):
     """Queries scaled so logits reach the hundreds (exp overflows fp32 past 88): every merge of
     partials must subtract a maximum over all of them, the forced blocks' and the lists'."""
-    tiles(selb_max_group=16 if family == "block-centric" else 0, selb_min_rows=0, selb_rows=16, selb_forced=True)
+    tiles(selb_max_group=16 if family == "block-centric" else 0, selb_min_rows=0, selb_rows=16, selb_forced_min_group=1)
     q, k, v = qkv(1, 90, 8, 2, 16, 16, device=DEV)
     q = q * 400
     kc, _ = ops.compress_kv(k, v, block=8, stride=4)
@@ -442,7 +442,7 @@ def test_triton_block_centric_bf16_on_gpu(part_fp32, forced, seed, tiles):
     """bf16, paper block sizes, GQA 1 and 4 through the block-centric kernel, partial outputs
     rounded to bf16 (the default) or kept in fp32, the forced blocks in the combine or in the
     lists (the default): within 2x SDPA's error of the fp64 oracle."""
-    tiles(selb_max_group=4, selb_min_rows=0, selb_part_fp32=part_fp32, selb_forced=forced)
+    tiles(selb_max_group=4, selb_min_rows=0, selb_part_fp32=part_fp32, selb_forced_min_group=1 if forced else 0)
     for hq, hkv in ((16, 16), (16, 4)):
         q, k, v = qkv(1, 1000, hq, hkv, 128, 128, dtype=torch.bfloat16, device=DEV)
         kc, _ = ops.compress_kv(k, v, block=32, stride=16)

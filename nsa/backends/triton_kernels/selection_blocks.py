@@ -11,11 +11,13 @@ partial (its output over the block, normalised, and its log-sum-exp) to buffers 
 entry. A combine kernel then merges the `n` partials of each (query, group), in slot order, and
 applies the gated sum.
 
-Forced blocks (`Tiles.selb_forced`, off by default): each query's blocks 0, current and previous
-can stay out of the lists and be attended by query tiles inside the combine
-(`_selb_forced_combine`), which saves the lists kernel 3 of 16 entries per (query, group) but, as
-built, makes the combine far slower (32/8 heads at 64k: lists 8.38 -> 6.90 ms, combine 3.48 ->
-11.84 ms; docs/perf-notes.md item 42).
+Forced blocks (`Tiles.selb_forced_min_group`): each query's blocks 0, current and previous, which every
+query of a `sel_block` run shares, can stay out of the lists; `_selb_forced_fwd` attends them
+with query tiles (each block's keys/values loaded once per tile) and writes one partial per
+(query, head), which the combine merges in place of their three. Attending them inside the
+combine instead (7105cf3) saved the lists kernel 3 of 16 entries per (query, group) but made the
+combine far slower (32/8 heads at 64k: lists 8.38 -> 6.90 ms, combine 3.48 -> 11.84 ms;
+docs/perf-notes.md item 42).
 
 Inversion: a stable sort of the entries by (batch, KV head, block), the lists' starts, a chunk
 table, and each program's list by one `searchsorted` over the chunk table, so the launch needs
@@ -41,7 +43,7 @@ from torch import Tensor
 
 from nsa.backends.triton_kernels import common
 from nsa.backends.triton_kernels.common import _dot, _pv, np2
-from nsa.backends.triton_kernels.selection import _gate_sum, _gated
+from nsa.backends.triton_kernels.selection import _gated
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 
@@ -107,12 +109,20 @@ def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, PLIST, OP, LSEP,
 
 
 @triton.jit
-def _selb_combine(OP, LSEP, IDX, Out, OC, OW, GT, sib, sit, sih, sob, sot, soh,
-                  scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc, Tq,
-                  HKV: tl.constexpr, G: tl.constexpr, N_SEL: tl.constexpr, DV: tl.constexpr, BG: tl.constexpr,
-                  BDV: tl.constexpr, GATED: tl.constexpr):
+def _is_forced(j, cur):
+    """Block(s) `j` among the forced blocks of a query whose current block is `cur` (0, cur, cur - 1)."""
+    return (j >= 0) & ((j == 0) | (j == cur) | (j == cur - 1))
+
+
+@triton.jit
+def _selb_combine(OP, LSEP, FOP, FLSE, IDX, Out, OC, OW, GT, sib, sit, sih, sob, sot, soh,
+                  scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc, Tq, q_start,
+                  HKV: tl.constexpr, G: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr, DV: tl.constexpr,
+                  BG: tl.constexpr, BDV: tl.constexpr, GATED: tl.constexpr, FORCED: tl.constexpr):
     """out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max lse), over the slots of one
-    (query, group) that hold a block (idx >= 0); then the gated sum with GATED."""
+    (query, group) that hold a block (idx >= 0); with FORCED the slots holding the query's forced
+    blocks are skipped and the one partial of `_selb_forced_fwd` (FOP, FLSE) takes their place;
+    then the gated sum with GATED."""
     t = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
@@ -120,37 +130,46 @@ def _selb_combine(OP, LSEP, IDX, Out, OC, OW, GT, sib, sit, sih, sob, sot, soh,
     offs_g = tl.arange(0, BG)
     offs_dv = tl.arange(0, BDV)
     gmask = offs_g < G
+    cur = (q_start + t) // SEL
     base = ((b * Tq + t) * HKV + h) * N_SEL
+    frow = ((b * Tq + t) * HKV + h) * G + offs_g
     m = tl.full([BG], float("-inf"), tl.float32)
+    if FORCED:
+        m = tl.load(FLSE + frow, mask=gmask, other=float("-inf"))
     for s in tl.static_range(N_SEL):   # pass 1: the largest log-sum-exp of each head
-        used = tl.load(IDX + b * sib + t * sit + h * sih + s) >= 0
+        j = tl.load(IDX + b * sib + t * sit + h * sih + s)
+        used = j >= 0
+        if FORCED:
+            used = used & ~_is_forced(j, cur)
         m = tl.maximum(m, tl.load(LSEP + (base + s) * G + offs_g, mask=gmask & used, other=float("-inf")))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     l_tot = tl.zeros([BG], tl.float32)
     acc = tl.zeros([BG, BDV], tl.float32)
+    dmask = offs_dv[None, :] < DV
+    if FORCED:
+        w = tl.exp(tl.load(FLSE + frow, mask=gmask, other=float("-inf")) - m_safe)
+        o_f = tl.load(FOP + frow[:, None] * DV + offs_dv[None, :], mask=gmask[:, None] & dmask, other=0.0)
+        l_tot += w
+        acc += w[:, None] * o_f.to(tl.float32)
     for s in tl.static_range(N_SEL):   # pass 2: the weighted outputs (a slot without a block weighs 0)
-        used = tl.load(IDX + b * sib + t * sit + h * sih + s) >= 0
+        j = tl.load(IDX + b * sib + t * sit + h * sih + s)
+        used = j >= 0
+        if FORCED:
+            used = used & ~_is_forced(j, cur)
         row = (base + s) * G + offs_g
         rmask = gmask & used
         w = tl.exp(tl.load(LSEP + row, mask=rmask, other=float("-inf")) - m_safe)
-        o_s = tl.load(OP + row[:, None] * DV + offs_dv[None, :], mask=rmask[:, None] & (offs_dv[None, :] < DV),
-                      other=0.0)
+        o_s = tl.load(OP + row[:, None] * DV + offs_dv[None, :], mask=rmask[:, None] & dmask, other=0.0)
         l_tot += w
         acc += w[:, None] * o_s.to(tl.float32)
     o = acc / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
     heads = h * G + offs_g
-    omask = gmask[:, None] & (offs_dv[None, :] < DV)
+    omask = gmask[:, None] & dmask
     if GATED:
         o = _gated(o, OC, OW, GT, b, t, heads, offs_g, offs_dv, omask, scb, sct, sch, swb, swt, swh,
                    sgb, sgt, sgh, sgc, G)
     tl.store(Out + b * sob + t * sot + heads[:, None] * soh + offs_dv[None, :], o.to(Out.dtype.element_ty),
              mask=omask)
-
-
-@triton.jit
-def _is_forced(j, cur):
-    """Block(s) `j` among the forced blocks of a query whose current block is `cur` (0, cur, cur - 1)."""
-    return (j >= 0) & ((j == 0) | (j == cur) | (j == cur - 1))
 
 
 @triton.jit
@@ -175,18 +194,18 @@ def _forced_step(q, K, V, given, j, cur, t_abs, valid, m_i, l_i, acc, b, h, skb,
 
 
 @triton.jit
-def _selb_forced_combine(Q, K, V, OP, LSEP, IDX, Out, OC, OW, GT,
-                         sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sib, sit, sih, sob, sot, soh,
-                         scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc, Tq, T_k, q_start, k_start, scale2,
-                         HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, N_SEL: tl.constexpr,
-                         BN: tl.constexpr, SEL: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr,
-                         BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, GATED: tl.constexpr):
-    """The combine with the forced blocks taken here (`Tiles.selb_forced`): one program per
-    (BQ <= SEL queries, batch, KV group) attends each row's forced blocks that its list holds (0,
-    the current and the previous block: at most 4 blocks for the whole tile, since BQ queries span
-    at most two current blocks) with an online softmax, then merges that (max, sum, output) with
-    the row's other slots' partials (which `selected` kept out of the lists) and applies the gated
-    sum with GATED. Rows: query-major, G heads each (padded to GP)."""
+def _selb_forced_fwd(Q, K, V, IDX, FOP, FLSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sib, sit, sih,
+                     Tq, T_k, q_start, k_start, scale2,
+                     HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, N_SEL: tl.constexpr, BN: tl.constexpr,
+                     SEL: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BDK: tl.constexpr,
+                     BDV: tl.constexpr, IEEE: tl.constexpr):
+    """The forced blocks' partial (`Tiles.selb_forced_min_group`): one program per (BQ <= SEL queries, batch,
+    KV group) attends each row's forced blocks that its list holds (0, the current and the previous
+    block: at most 4 blocks for the whole tile, since BQ queries span at most two current blocks),
+    each block's keys/values loaded once for the tile, with an online softmax, and writes one
+    partial per (query, head) row, as `_selb_fwd` does per entry: the output normalised at
+    `FOP[row]`, the log-sum-exp (natural log, -inf where the row has none of them) at `FLSE[row]`,
+    row = ((b * Tq + t) * HKV + h) * G + head. Rows here: query-major, G heads each (padded to GP)."""
     t0 = tl.program_id(0) * BQ
     bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
@@ -202,9 +221,9 @@ def _selb_forced_combine(Q, K, V, OP, LSEP, IDX, Out, OC, OW, GT,
     offs_dv = tl.arange(0, BDV)
     q = tl.load(Q + b * sqb + t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
                 mask=valid[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    idx_row = IDX + b * sib + t * sit + h * sih
     offs_s = tl.arange(0, BN)
-    given = tl.load(idx_row[:, None] + offs_s[None, :], mask=valid[:, None] & (offs_s[None, :] < N_SEL), other=-1)
+    given = tl.load(IDX + b * sib + t[:, None] * sit + h * sih + offs_s[None, :],
+                    mask=valid[:, None] & (offs_s[None, :] < N_SEL), other=-1)
     m_i = tl.full([BQ * GP], float("-inf"), tl.float32)
     l_i = tl.zeros([BQ * GP], tl.float32)
     acc = tl.zeros([BQ * GP, BDV], tl.float32)
@@ -218,40 +237,19 @@ def _selb_forced_combine(Q, K, V, OP, LSEP, IDX, Out, OC, OW, GT,
         if (j >= 1) & (j <= c_hi):
             m_i, l_i, acc = _forced_step(q, K, V, given, j, cur, t_abs, valid, m_i, l_i, acc, b, h, skb, skt,
                                          skh, svb, svt, svh, T_k, k_start, scale2, SEL, DK, DV, BDK, BDV, IEEE)
-    m_f = m_i / common.LOG2E                   # natural log units, as the partials' log-sum-exps
-    base = ((b * Tq + t) * HKV + h) * N_SEL
-    m = m_f
-    for s in tl.static_range(N_SEL):   # pass 1: the largest log-sum-exp of each row (the forced max too)
-        j = tl.load(idx_row + s, mask=valid, other=-1)
-        used = valid & (j >= 0) & ~_is_forced(j, cur)
-        m = tl.maximum(m, tl.load(LSEP + (base + s) * G + g, mask=used, other=float("-inf")))
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w_f = tl.exp(m_f - m_safe)
-    l_tot = l_i * w_f
-    acc = acc * w_f[:, None]
-    for s in tl.static_range(N_SEL):   # pass 2: the weighted outputs of the listed slots
-        j = tl.load(idx_row + s, mask=valid, other=-1)
-        used = valid & (j >= 0) & ~_is_forced(j, cur)
-        row = (base + s) * G + g
-        w = tl.exp(tl.load(LSEP + row, mask=used, other=float("-inf")) - m_safe)
-        o_s = tl.load(OP + row[:, None] * DV + offs_dv[None, :], mask=used[:, None] & (offs_dv[None, :] < DV),
-                      other=0.0)
-        l_tot += w
-        acc += w[:, None] * o_s.to(tl.float32)
-    o = acc / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
-    omask = valid[:, None] & (offs_dv[None, :] < DV)
-    if GATED:
-        oc = tl.load(OC + b * scb + t[:, None] * sct + heads[:, None] * sch + offs_dv[None, :], mask=omask, other=0.0)
-        ow = tl.load(OW + b * swb + t[:, None] * swt + heads[:, None] * swh + offs_dv[None, :], mask=omask, other=0.0)
-        o = _gate_sum(oc.to(tl.float32), o, ow.to(tl.float32), GT + b * sgb + t * sgt + heads * sgh, valid, sgc)
-    tl.store(Out + b * sob + t[:, None] * sot + heads[:, None] * soh + offs_dv[None, :], o.to(Out.dtype.element_ty),
-             mask=omask)
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) / common.LOG2E)   # log2 -> natural units
+    row = ((b * Tq + t) * HKV + h) * G + g
+    tl.store(FLSE + row, lse, mask=valid)
+    tl.store(FOP + row[:, None] * DV + offs_dv[None, :], (acc / l_safe[:, None]).to(FOP.dtype.element_ty),
+             mask=valid[:, None] & (offs_dv[None, :] < DV))
 
 
 def listed_slots(idx: Tensor, q_start: int, sel_block: int, forced: bool) -> Tensor:
     """The slots of `idx [B, Tq, Hkv, n]` that go to the block lists: those holding a block,
-    less (`forced`) each query's forced blocks (0, current, previous), which the combine's query
-    tiles attend (`_selb_forced_combine`, the same rule as `_is_forced`)."""
+    less (`forced`) each query's forced blocks (0, current, previous), which `_selb_forced_fwd`'s
+    query tiles attend (the same rule as `_is_forced`)."""
     listed = idx >= 0
     if forced:
         pos = q_start + torch.arange(idx.shape[1], device=idx.device, dtype=idx.dtype)
@@ -276,7 +274,7 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
     # Entries (b, t, h, s) in flat order; key = list id (b, h, block), invalid slots last.
     bh = (torch.arange(b, device=q.device, dtype=torch.int32)[:, None, None, None] * hkv
           + torch.arange(hkv, device=q.device, dtype=torch.int32)[None, None, :, None])
-    forced = tiles.selb_forced
+    forced = 0 < tiles.selb_forced_min_group <= group
     key = torch.where(listed_slots(idx, q_start, sel_block, forced), bh * nbk + idx, n_lists).flatten()
     sorted_key, order = torch.sort(key, stable=True)
     # List l's entries are sorted[lstart[l] : lstart[l + 1]] (a search of the sorted keys, no histogram).
@@ -301,21 +299,22 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
         STEPS=tiles.selb_steps, BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32, DYN=not interpreting(),
         **tiles.launch("selb"))
     if forced:
+        f_o = torch.empty(b * tq * hkv * group, dv, dtype=part_o.dtype, device=q.device)
+        f_lse = torch.empty(b * tq * hkv * group, dtype=torch.float32, device=q.device)
         bq_f = max(1, min(sel_block, tiles.selb_forced_rows // triton.next_power_of_2(group)))
-        _selb_forced_combine[(triton.cdiv(tq, bq_f), b * hkv)](
-            q, k, v, part_o, part_lse, idx, o, o_cmp, o_win, gates, q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), idx.stride(0),
-            idx.stride(1), idx.stride(2), o.stride(0), o.stride(1), o.stride(2), o_cmp.stride(0), o_cmp.stride(1),
-            o_cmp.stride(2), o_win.stride(0), o_win.stride(1), o_win.stride(2), gates.stride(0), gates.stride(1),
-            gates.stride(2), gates.stride(3), tq, tk, q_start, k_start, scale * common.LOG2E,
+        _selb_forced_fwd[(triton.cdiv(tq, bq_f), b * hkv)](
+            q, k, v, idx, f_o, f_lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), idx.stride(0), idx.stride(1), idx.stride(2), tq, tk, q_start,
+            k_start, scale * common.LOG2E,
             HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, BN=np2(n_sel, 1), SEL=sel_block,
-            DK=dk, DV=dv, BQ=bq_f, BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32, GATED=gated is not None,
+            DK=dk, DV=dv, BQ=bq_f, BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32,
             num_warps=tiles.selb_forced_warps)
-        return o
+    else:
+        f_o, f_lse = part_o, part_lse      # not read (FORCED off)
     _selb_combine[(tq, b * hkv)](
-        part_o, part_lse, idx, o, o_cmp, o_win, gates, idx.stride(0), idx.stride(1), idx.stride(2), o.stride(0), o.stride(1),
-        o.stride(2), o_cmp.stride(0), o_cmp.stride(1), o_cmp.stride(2), o_win.stride(0), o_win.stride(1),
-        o_win.stride(2), gates.stride(0), gates.stride(1), gates.stride(2), gates.stride(3), tq,
-        HKV=hkv, G=group, N_SEL=n_sel, DV=dv, BG=np2(group, 1), BDV=np2(dv), GATED=gated is not None,
-        num_warps=tiles.sel_warps)
+        part_o, part_lse, f_o, f_lse, idx, o, o_cmp, o_win, gates, idx.stride(0), idx.stride(1), idx.stride(2),
+        o.stride(0), o.stride(1), o.stride(2), o_cmp.stride(0), o_cmp.stride(1), o_cmp.stride(2), o_win.stride(0),
+        o_win.stride(1), o_win.stride(2), gates.stride(0), gates.stride(1), gates.stride(2), gates.stride(3), tq,
+        q_start, HKV=hkv, G=group, N_SEL=n_sel, SEL=sel_block, DV=dv, BG=np2(group, 1), BDV=np2(dv),
+        GATED=gated is not None, FORCED=forced, num_warps=tiles.sel_warps)
     return o

@@ -58,11 +58,12 @@ class Tiles:
     selb_stages: int | None = 2   # (the loop over steps below pipelines the gathers; 3 stages measured 1.6x slower)
     selb_steps: int = 8           # block-centric: steps of selb_rows rows per program, one K/V load for all
                                   # (64k: 32/8 9.8 -> 8.4 ms, 16/16 5.2 -> 4.4 ms; results/h100/selb-steps/)
-    selb_forced: bool = False     # block-centric: each query's forced blocks (0, current, previous) attended by
-                                  # query tiles in the combine, outside the lists (selection_blocks.py). Off:
-                                  # 32/8 at 64k the lists kernel 8.38 -> 6.90 ms but this combine 3.48 -> 11.84
-                                  # (forward 24.1 -> 31.0; results/h100/selb-forced/)
-    selb_forced_rows: int = 128   # ... (query, head) rows per combine program (queries <= sel_block)
+    selb_forced_min_group: int = 4  # block-centric: for groups >= this, each query's forced blocks (0, current,
+                                  # previous) attended by query tiles in their own kernel, outside the lists
+                                  # (selection_blocks.py); 0: never. 32/8 heads at 64k 24.1 -> 23.6 ms; 16/16 even at
+                                  # 64k, 1.3% slower at 16k (docs/perf-notes.md item 43, results/h100/selb-forced/)
+    selb_forced_rows: int = 64    # ... (query, head) rows per forced-block program (queries <= sel_block; 64 measured
+                                  # faster than 32, 128 and 256 at 32/8)
     selb_forced_warps: int = 4
     selb_part_fp32: bool = False  # block-centric: partial outputs in fp32 (default: the input dtype; bf16 halves the
                                   # partials' traffic: 32/8 heads at 64k, results/h100/selb-bf16/)
@@ -115,14 +116,15 @@ class Tiles:
                 continue
             if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64",
                           "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32", "dec_flags",
-                          "win_beside", "win_fa4", "selb_forced"):
+                          "win_beside", "win_fa4"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
             if value is None and f.name.endswith("_stages"):
                 continue
             # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
-            low = 0 if f.name in ("dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows") else 1
+            low = 0 if f.name in ("dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
+                                  "selb_forced_min_group") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
                                  "triton_kernels/tiles.py for the meaning of each field")
