@@ -173,28 +173,23 @@ def _selb_combine(OP, LSEP, FOP, FLSE, IDX, Out, OC, OW, GT, sib, sit, sih, sob,
 
 
 @triton.jit
-def _forced_tile(q, K, V, given, j0, j_hi, cur, t_abs, valid, m_i, l_i, acc, b, h, skb, skt, skh, svb, svt, svh,
-                 T_k, k_start, scale2, SEL: tl.constexpr, NBLK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                 BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr):
-    """Blocks `j0 .. j0 + NBLK - 1` (none past `j_hi` loaded), one key tile, into the rows' online
-    softmax (log2 units): each key for the rows that have its block among their forced blocks and
-    in their block list (`given [rows, slots]`, -1 padded), keys `<= t_abs`."""
+def _forced_step(q, K, V, given, j, cur, t_abs, valid, m_i, l_i, acc, b, h, skb, skt, skh, svb, svt, svh,
+                 T_k, k_start, scale2, SEL: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
+                 BDV: tl.constexpr, IEEE: tl.constexpr):
+    """Block `j` into the rows' online softmax (log2 units) for the rows that have it among their
+    forced blocks and in their block list (`given [rows, slots]`, -1 padded), keys `<= t_abs`."""
+    member = valid & _is_forced(j, cur) & (tl.sum((given == j).to(tl.int32), 1) > 0)
     offs_dk = tl.arange(0, BDK)
     offs_dv = tl.arange(0, BDV)
-    pos = j0 * SEL + tl.arange(0, NBLK * SEL)
-    jk = pos // SEL
-    member = valid[:, None] & (jk[None, :] < 0)          # [rows, keys], all False
-    for i in tl.static_range(NBLK):
-        has = valid & _is_forced(j0 + i, cur) & (tl.sum((given == j0 + i).to(tl.int32), 1) > 0)
-        member = member | (has[:, None] & (jk == j0 + i)[None, :])
-    kvalid = (pos >= k_start) & (pos < k_start + T_k) & (jk <= j_hi)
+    pos = j * SEL + tl.arange(0, SEL)
+    kvalid = (pos >= k_start) & (pos < k_start + T_k)
     kpos = pos - k_start
     k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
                 mask=kvalid[:, None] & (offs_dk[None, :] < DK), other=0.0)
     v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
                 mask=kvalid[:, None] & (offs_dv[None, :] < DV), other=0.0)
     s = _dot(q, tl.trans(k), IEEE) * scale2
-    vis = member & kvalid[None, :] & (pos[None, :] <= t_abs[:, None])
+    vis = member[:, None] & kvalid[None, :] & (pos[None, :] <= t_abs[:, None])
     return common._softmax_step(tl.where(vis, s, float("-inf")), v, m_i, l_i, acc, IEEE)
 
 
@@ -202,8 +197,8 @@ def _forced_tile(q, K, V, given, j0, j_hi, cur, t_abs, valid, m_i, l_i, acc, b, 
 def _selb_forced_fwd(Q, K, V, IDX, FOP, FLSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sib, sit, sih,
                      Tq, T_k, q_start, k_start, scale2,
                      HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, N_SEL: tl.constexpr, BN: tl.constexpr,
-                     SEL: tl.constexpr, NBLK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr,
-                     BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, DYN: tl.constexpr):
+                     SEL: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BDK: tl.constexpr,
+                     BDV: tl.constexpr, IEEE: tl.constexpr):
     """The forced blocks' partial (`Tiles.selb_forced_min_group`): one program per (BQ <= SEL queries, batch,
     KV group) attends each row's forced blocks that its list holds (0, the current and the previous
     block: at most 4 blocks for the whole tile, since BQ queries span at most two current blocks),
@@ -232,17 +227,16 @@ def _selb_forced_fwd(Q, K, V, IDX, FOP, FLSE, sqb, sqt, sqh, skb, skt, skh, svb,
     m_i = tl.full([BQ * GP], float("-inf"), tl.float32)
     l_i = tl.zeros([BQ * GP], tl.float32)
     acc = tl.zeros([BQ * GP, BDV], tl.float32)
-    # The tile's forced blocks, each once: 0, then c_lo - 1 .. c_hi (c_hi <= c_lo + 1) from 1 on,
-    # NBLK adjacent blocks per key tile (the loop pipelines the next tile's loads). DYN: the loop
-    # stops at c_hi (the interpreter runs the most tiles, those past c_hi load nothing).
+    # The tile's forced blocks, each once: 0, then c_lo - 1 .. c_hi (c_hi <= c_lo + 1), from 1.
     c_lo = (q_start + t0) // SEL
     c_hi = (q_start + tl.minimum(t0 + BQ, Tq) - 1) // SEL
-    m_i, l_i, acc = _forced_tile(q, K, V, given, 0, 0, cur, t_abs, valid, m_i, l_i, acc, b, h, skb, skt, skh,
-                                 svb, svt, svh, T_k, k_start, scale2, SEL, 1, DK, DV, BDK, BDV, IEEE)
-    j_lo = tl.maximum(c_lo - 1, 1)
-    for i in range(0, tl.cdiv(c_hi + 1 - j_lo, NBLK) if DYN else (3 + NBLK - 1) // NBLK):
-        m_i, l_i, acc = _forced_tile(q, K, V, given, j_lo + i * NBLK, c_hi, cur, t_abs, valid, m_i, l_i, acc, b, h, skb, skt,
-                                     skh, svb, svt, svh, T_k, k_start, scale2, SEL, NBLK, DK, DV, BDK, BDV, IEEE)
+    m_i, l_i, acc = _forced_step(q, K, V, given, 0, cur, t_abs, valid, m_i, l_i, acc, b, h, skb, skt, skh,
+                                 svb, svt, svh, T_k, k_start, scale2, SEL, DK, DV, BDK, BDV, IEEE)
+    for i in tl.static_range(3):
+        j = c_lo - 1 + i
+        if (j >= 1) & (j <= c_hi):
+            m_i, l_i, acc = _forced_step(q, K, V, given, j, cur, t_abs, valid, m_i, l_i, acc, b, h, skb, skt,
+                                         skh, svb, svt, svh, T_k, k_start, scale2, SEL, DK, DV, BDK, BDV, IEEE)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) / common.LOG2E)   # log2 -> natural units
@@ -313,8 +307,8 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
             v.stride(0), v.stride(1), v.stride(2), idx.stride(0), idx.stride(1), idx.stride(2), tq, tk, q_start,
             k_start, scale * common.LOG2E,
             HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, BN=np2(n_sel, 1), SEL=sel_block,
-            NBLK=tiles.selb_forced_blocks, DK=dk, DV=dv, BQ=bq_f, BDK=np2(dk), BDV=np2(dv),
-            IEEE=q.dtype == torch.float32, DYN=not interpreting(), **tiles.launch("selb_forced"))
+            DK=dk, DV=dv, BQ=bq_f, BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32,
+            num_warps=tiles.selb_forced_warps)
     else:
         f_o, f_lse = part_o, part_lse      # not read (FORCED off)
     _selb_combine[(tq, b * hkv)](

@@ -65,8 +65,6 @@ class Tiles:
     selb_forced_rows: int = 64    # ... (query, head) rows per forced-block program (queries <= sel_block; 64 measured
                                   # faster than 32, 128 and 256 at 32/8)
     selb_forced_warps: int = 4
-    selb_forced_stages: int | None = 2
-    selb_forced_blocks: int = 2   # ... adjacent forced blocks (previous, current) per key tile
     selb_part_fp32: bool = False  # block-centric: partial outputs in fp32 (default: the input dtype; bf16 halves the
                                   # partials' traffic: 32/8 heads at 64k, results/h100/selb-bf16/)
     sel_split: int = 4            # decode: programs per row of the selection kernel (blocks split)
@@ -133,7 +131,6 @@ class Tiles:
         for name in ("cmp_rows", "cmp_bc", "win_rows", "win_bn", "topn_chunk", "cmp_warps", "sel_warps",
                      "split_warps", "win_warps", "lse_rows", "lse_bc", "lse_warps",
                      "scr_bq", "scr_bk", "scr_warps", "selb_rows", "selb_warps", "selb_forced_rows", "selb_forced_warps",
-                     "selb_forced_blocks",
                      "topn_warps", "dec_chunk",
                      "dec_warps", "dtop_warps", "dout_warps", "dblk_warps",
                      "dec_max_blocks", "dout_cols", "dec_cb", "topn_cap", "topn_nchunk", "dtop_once"):
