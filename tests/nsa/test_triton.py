@@ -87,6 +87,33 @@ def test_triton_block_centric_selection_matches_oracle(shape, steps, forced, see
     assert rel_err(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("forced", [False, True], ids=["lists-only", "forced"])
+def test_block_centric_selection_in_query_chunks(forced, seed, tiles):
+    """Past `Tiles.selb_part_cap` the block-centric path runs in chunks of queries (here 7 of
+    them, the last one short, the first at q_start > 0): each query's partials and merge are
+    the same computation, so the output equals the unchunked one bit for bit, gated and not."""
+    from nsa.backends.triton_kernels.selection_blocks import part_bytes_per_query
+
+    shape = (1, 45, 8, 2, 16, 16)
+    q, k, v = qkv(*shape, device=DEV)
+    kc, vc = ops.compress_kv(k, v, block=8, stride=4)
+    idx = ops.select_blocks(q, kc, block=8, stride=4, sel_block=16, sel_count=4)
+    t0 = 3
+    o_cmp = ops.compressed_attention(q, kc, vc, block=8, stride=4)[:, t0:]
+    o_win = ops.sliding_window_attention(q, k, v, window=20)[:, t0:]
+    gates = torch.sigmoid(rand(*shape[:3], 3, device=DEV))[:, t0:]
+    args = (q[:, t0:], k, v, idx[:, t0:])
+    kw = dict(sel_block=16, scale=shape[4] ** -0.5, q_start=t0)
+    outs = []
+    for cap in (0, 7 * part_bytes_per_query(1, 8, 5, 16, False, 4)):
+        tiles(selb_max_group=16, selb_min_rows=0, selb_rows=16, selb_forced_min_group=1 if forced else 0,
+              selb_part_cap=cap)
+        outs.append((ops.selected_attention(*args, sel_block=16, backend="triton", q_start=t0),
+                     triton_nsa.selected_gated(*args, **kw, gates=gates, o_cmp=o_cmp, o_win=o_win)))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert rel_err(outs[1][0], reference.selected_attention(*args, sel_block=16, q_start=t0)) < 1e-5
+
+
 @pytest.mark.parametrize("family", ["group-centric", "block-centric"])
 def test_triton_selected_counts_a_repeated_block_once(family, seed, tiles):
     """Caller-given block lists with -1 slots, a repeat in every row, blocks ahead of the query and

@@ -258,16 +258,40 @@ def listed_slots(idx: Tensor, q_start: int, sel_block: int, forced: bool) -> Ten
     return listed
 
 
+def part_bytes_per_query(b: int, hq: int, n_sel: int, dv: int, part_fp32: bool, itemsize: int) -> int:
+    """Bytes of partials (outputs and log-sum-exps) one query position adds: B * Hq * n rows."""
+    return b * hq * n_sel * (dv * (4 if part_fp32 else itemsize) + 4)
+
+
 def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, scale: float, q_start: int,
              k_start: int, tiles: Tiles, gated: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
     """Same contract as `selection.selected` (prefill, small groups): `q [B, Tq, Hq, dk]` over
-    the blocks `idx [B, Tq, Hkv, n]` (-1 padded) of `k/v [B, Tk, Hkv, d*]`."""
+    the blocks `idx [B, Tq, Hkv, n]` (-1 padded) of `k/v [B, Tk, Hkv, d*]`. The partials take
+    n times the output's size; past `Tiles.selb_part_cap` bytes the queries run in chunks that
+    stay under it (each its own lists and combine)."""
+    b, tq, hq, _ = q.shape
+    dv, n_sel = v.shape[-1], idx.shape[-1]
+    o = common.empty_out(b, tq, hq, dv, dtype=q.dtype, device=q.device)
+    # (n + 1: the forced-block kernel's partial too, an upper bound)
+    per_q = part_bytes_per_query(b, hq, n_sel + 1, dv, tiles.selb_part_fp32, q.element_size())
+    cap = tiles.selb_part_cap
+    step = tq if cap == 0 or tq * per_q <= cap else max(1, cap // per_q)
+    for t0 in range(0, tq, step):
+        t1 = min(tq, t0 + step)
+        part = None if gated is None else tuple(x[:, t0:t1] for x in gated)
+        _selected_into(o[:, t0:t1], q[:, t0:t1], k, v, idx[:, t0:t1], sel_block=sel_block, scale=scale,
+                       q_start=q_start + t0, k_start=k_start, tiles=tiles, gated=part)
+    return o
+
+
+def _selected_into(o: Tensor, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, scale: float,
+                   q_start: int, k_start: int, tiles: Tiles, gated: tuple[Tensor, Tensor, Tensor] | None) -> None:
+    """`selected` for one chunk of queries, written into `o [B, Tq, Hq, dv]` (a view)."""
     b, tq, hq, dk = q.shape
     tk, hkv, dv = k.shape[1], k.shape[2], v.shape[-1]
     group = hq // hkv
     n_sel = idx.shape[-1]
     idx = idx.to(torch.int32).contiguous()
-    o = common.empty_out(b, tq, hq, dv, dtype=q.dtype, device=q.device)
     gates, o_cmp, o_win = gated if gated is not None else (o, o, o)
     nbk = max(1, triton.cdiv(k_start + tk, sel_block))
     n_lists = b * hkv * nbk
@@ -317,4 +341,3 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
         o_win.stride(1), o_win.stride(2), gates.stride(0), gates.stride(1), gates.stride(2), gates.stride(3), tq,
         q_start, HKV=hkv, G=group, N_SEL=n_sel, SEL=sel_block, DV=dv, BG=np2(group, 1), BDV=np2(dv),
         GATED=gated is not None, FORCED=forced, num_warps=tiles.sel_warps)
-    return o

@@ -52,6 +52,8 @@ class Tiles:
     split_warps: int = 1
     split_stages: int | None = None
     selb_max_group: int = 4       # prefill selection block-centric (selection_blocks.py) for groups <= this; 0: never
+    selb_part_cap: int = 2**34    # block-centric: bytes of partials (n times the output) at most; longer prefills
+                                  # run in chunks of queries under it (0: no cap). 16 GiB: 64/8 heads unchunked to 64k
     selb_min_rows: int = 4096     # ... and at least this many (query, KV head) rows
     selb_rows: int = 128          # block-centric kernel: (entry, head) rows per program
     selb_warps: int = 4
@@ -124,7 +126,7 @@ class Tiles:
                 continue
             # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
             low = 0 if f.name in ("dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
-                                  "selb_forced_min_group") else 1
+                                  "selb_forced_min_group", "selb_part_cap") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
                                  "triton_kernels/tiles.py for the meaning of each field")
