@@ -1,7 +1,7 @@
 """Selected attention, block-centric, for small GQA groups (prefill).
 
 The group-centric kernel (selection.py) loads `n` blocks of keys/values for every (query, KV
-group): at G = 1 or 4 each load serves 1 or 4 query heads, so the branch is bound by those
+group): at G = 1 to 8 each load serves 1 to 8 query heads, so the branch is bound by those
 gathers (at G = 1, 64k tokens, 16 KV heads: ~550 GB from L2). Here the selection is inverted:
 for each (batch, KV head, key block) the list of (query, slot) entries that selected it; one
 program takes a chunk of one list (up to `Tiles.selb_steps` steps of entries, the next step's

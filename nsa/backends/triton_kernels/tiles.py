@@ -51,19 +51,23 @@ class Tiles:
     split_tiles: int = 8          # decode: compressed tiles per chunk of the split kernel
     split_warps: int = 1
     split_stages: int | None = None
-    selb_max_group: int = 4       # prefill selection block-centric (selection_blocks.py) for groups <= this; 0: never
-    selb_part_cap: int = 2**34    # block-centric: bytes of partials (n times the output) at most; longer prefills
-                                  # run in chunks of queries under it (0: no cap). 16 GiB: 64/8 heads unchunked to 64k
+    selb_max_group: int = 8       # prefill selection block-centric (selection_blocks.py) for groups <= this; 0: never
+                                  # (H100, 64/8 heads: 16k 10.48 -> 7.95 ms, 64k 57.4 -> 45.0; 64/4 slower: 39.1 ->
+                                  # 43.7 at 64k; docs/perf-notes.md item 44)
     selb_min_rows: int = 4096     # ... and at least this many (query, KV head) rows
+    selb_part_cap: int = 2**34    # block-centric: bytes of partials (n + 1 times the output) at most; longer prefills
+                                  # run in chunks of queries under it (0: no cap). 16 GiB: 32/8 and 16/16 heads whole
+                                  # to 64k, 64/8 in 2 chunks at 64k (45.0 ms; 4 GiB chunks: 45.6)
     selb_rows: int = 128          # block-centric kernel: (entry, head) rows per program
     selb_warps: int = 4
     selb_stages: int | None = 2   # (the loop over steps below pipelines the gathers; 3 stages measured 1.6x slower)
     selb_steps: int = 8           # block-centric: steps of selb_rows rows per program, one K/V load for all
                                   # (64k: 32/8 9.8 -> 8.4 ms, 16/16 5.2 -> 4.4 ms; results/h100/selb-steps/)
-    selb_forced_min_group: int = 4  # block-centric: for groups >= this, each query's forced blocks (0, current,
+    selb_forced_min_group: int = 2  # block-centric: for groups >= this, each query's forced blocks (0, current,
                                   # previous) attended by query tiles in their own kernel, outside the lists
-                                  # (selection_blocks.py); 0: never. 32/8 heads at 64k 24.1 -> 23.6 ms; 16/16 even at
-                                  # 64k, 1.3% slower at 16k (docs/perf-notes.md item 43, results/h100/selb-forced/)
+                                  # (selection_blocks.py); 0: never. H100 at 64k: 32/8 heads 24.1 -> 23.6 ms, 32/16
+                                  # 32.5 -> 31.7, 48/16 50.5 -> 49.3; 16/16 even at 64k, slower at 16k
+                                  # (docs/perf-notes.md items 43-44, results/h100/selb-forced/)
     selb_forced_rows: int = 64    # ... (query, head) rows per forced-block program (queries <= sel_block; 64 measured
                                   # faster than 32, 128 and 256 at 32/8)
     selb_forced_warps: int = 4
