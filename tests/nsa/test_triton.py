@@ -466,11 +466,11 @@ def test_triton_bf16_paper_shapes_on_gpu(seed):
 @pytest.mark.parametrize("part_fp32,forced", [(False, True), (True, True), (False, False)],
                          ids=["bf16-partials", "fp32-partials", "bf16-lists-only"])
 def test_triton_block_centric_bf16_on_gpu(part_fp32, forced, seed, tiles):
-    """bf16, paper block sizes, GQA 1 and 4 through the block-centric kernel, partial outputs
-    rounded to bf16 (the default) or kept in fp32, the forced blocks in the combine or in the
-    lists (the default): within 2x SDPA's error of the fp64 oracle."""
-    tiles(selb_max_group=4, selb_min_rows=0, selb_part_fp32=part_fp32, selb_forced_min_group=1 if forced else 0)
-    for hq, hkv in ((16, 16), (16, 4)):
+    """bf16, paper block sizes, GQA 1, 4 and 8 through the block-centric kernel, partial outputs
+    rounded to bf16 (the default) or kept in fp32, the forced blocks in their own kernel or in
+    the lists: within 2x SDPA's error of the fp64 oracle."""
+    tiles(selb_max_group=8, selb_min_rows=0, selb_part_fp32=part_fp32, selb_forced_min_group=1 if forced else 0)
+    for hq, hkv in ((16, 16), (16, 4), (16, 2)):
         q, k, v = qkv(1, 1000, hq, hkv, 128, 128, dtype=torch.bfloat16, device=DEV)
         kc, _ = ops.compress_kv(k, v, block=32, stride=16)
         idx = ops.select_blocks(q, kc, block=32, stride=16, sel_block=64, sel_count=16)

@@ -24,8 +24,10 @@ table, and each program's list by one `searchsorted` over the chunk table, so th
 no host synchronisation (the grid is an upper bound; spare programs return).
 
 Memory: the partials are `B * T * Hkv * n * G` rows of `dv` outputs in the input dtype
-(`Tiles.selb_part_fp32`: fp32) and one fp32 log-sum-exp each, which is why this path is for
-small groups (at G = 16 it would write more than the gathers it saves). The outputs in a
+(`Tiles.selb_part_fp32`: fp32) and one fp32 log-sum-exp each (n times the output; with the
+forced-block kernel n + 1), so past `Tiles.selb_part_cap` bytes the queries run in chunks. Their
+traffic is why this path is for small groups: on the H100 it wins up to G = 8 and loses at
+G = 16 (`Tiles.selb_max_group`; docs/perf-notes.md item 44). The outputs in a
 contiguous `[rows, dv]` buffer apart from the log-sum-exps keep the stores and the combine's
 loads aligned (one `(m, l, o)` row of `dv + 2` floats left every `o` 8 bytes off a 16-byte
 vector). Precision: a bf16/fp16 partial is its normalised output rounded once to the input
