@@ -277,7 +277,7 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
     # (n + 1: the forced-block kernel's partial too, an upper bound)
     per_q = part_bytes_per_query(b, hq, n_sel + 1, dv, tiles.selb_part_fp32, q.element_size())
     cap = tiles.selb_part_cap
-    step = tq if cap == 0 or tq * per_q <= cap else max(1, cap // per_q)
+    step = max(1, tq if cap == 0 or tq * per_q <= cap else cap // per_q)   # (tq = 0: no chunk)
     for t0 in range(0, tq, step):
         t1 = min(tq, t0 + step)
         part = None if gated is None else tuple(x[:, t0:t1] for x in gated)
