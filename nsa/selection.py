@@ -67,6 +67,12 @@ def compressed_probs(q: Tensor, k_cmp: Tensor, q_pos: Tensor, *, block: int, str
     return torch.nan_to_num(probs, nan=0.0)  # rows with nothing visible: exactly 0
 
 
+def is_forced(j: Tensor, cur: Tensor) -> Tensor:
+    """Where blocks `j` are among the forced blocks of a query whose current block is `cur`:
+    block 0, the current block and the previous one (broadcasting)."""
+    return (j == 0) | (j == cur) | (j == cur - 1)
+
+
 def select_topn(group_scores: Tensor, q_pos: Tensor, *, sel_block: int, sel_count: int) -> Tensor:
     """Top-n blocks from group scores `[B, Hkv, Tq, Nb]` -> indices `[B, Tq, Hkv, sel_count]`.
 
@@ -77,7 +83,7 @@ def select_topn(group_scores: Tensor, q_pos: Tensor, *, sel_block: int, sel_coun
     j = torch.arange(n_blocks, device=q_pos.device)
     cur = (q_pos // sel_block)[:, None]
     candidate = j[None, :] <= cur
-    forced = (j[None, :] == 0) | (j[None, :] == cur) | (j[None, :] == cur - 1)
+    forced = is_forced(j[None, :], cur)
     scores = group_scores.masked_fill(forced, float("inf")).masked_fill(~candidate, float("-inf"))
     k = min(sel_count, n_blocks)
     # Exact "highest score, ties to the lower index" without a full sort (a sort of every row

@@ -15,7 +15,7 @@ sed -i 's/    c_hi = (q_start + tl.minimum(t0 + BQ, Tq) - 1) \/\/ SEL/    c_hi =
 sed -i 's/        if (j >= 1) \& (j <= c_hi):/        if (j >= 0) \& (j <= c_hi):/' $f; run "block 0 attended twice"
 sed -i 's/    member = valid \& _is_forced(j, cur) \& (tl.sum((given == j).to(tl.int32), 1) > 0)/    member = valid \& _is_forced(j, cur)/' $f; run "forced blocks the list lacks attended"
 sed -i 's/    return (j >= 0) \& ((j == 0) | (j == cur) | (j == cur - 1))/    return (j >= 0) \& ((j == 0) | (j == cur))/' $f; run "the kernel's rule without the previous block"
-sed -i 's/        listed \&= (idx != 0) \& (idx != cur) \& (idx != cur - 1)/        listed \&= (idx != 0) \& (idx != cur)/' $f; run "the lists' rule without the previous block"
+sed -i 's/        listed \&= ~is_forced(idx, cur)/        listed \&= (idx != 0) \& (idx != cur)/' $f; run "the lists' rule without the previous block"
 sed -i 's/        w = tl.exp(tl.load(FLSE + frow, mask=gmask, other=float("-inf")) - m_safe)/& * 0.5/' $f; run "the forced partial misweighted"
 sed -i 's/        m = tl.load(FLSE + frow, mask=gmask, other=float("-inf"))/        m = m/' $f; run "the forced partial left out of the max"
 sed -i 's/        m = tl.maximum(m, tl.load(LSEP + (base + s) \* G + offs_g, mask=gmask \& used, other=float("-inf")))/        m = m/' $f; run "the slots left out of the max"

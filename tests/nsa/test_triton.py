@@ -62,7 +62,7 @@ def test_triton_block_centric_selection_matches_oracle(shape, steps, forced, see
     3 (a head tile padded to 4),
     lists longer than one chunk (block 0 is chosen by every query; T=300 gives 19 blocks), chunks
     of one or three steps of entries over one K/V load (the last step of a list part-filled), a
-    chunk of queries at q_start > 0 (query tiles of the forced-block combine straddling two current
+    chunk of queries at q_start > 0 (query tiles of the forced-block kernel straddling two current
     blocks), keys from k_start > 0, and the gated epilogue; with each query's forced blocks in the
     own kernel (`Tiles.selb_forced_min_group`) or every slot in the lists."""
     tiles(selb_max_group=16, selb_min_rows=0, selb_rows=16, selb_steps=steps, selb_forced_min_group=1 if forced else 0)

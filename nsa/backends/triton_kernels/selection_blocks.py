@@ -47,6 +47,7 @@ from nsa.backends.triton_kernels import common
 from nsa.backends.triton_kernels.common import _dot, _pv, np2
 from nsa.backends.triton_kernels.selection import _gated
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
+from nsa.selection import is_forced
 
 
 @triton.jit
@@ -250,13 +251,13 @@ def _selb_forced_fwd(Q, K, V, IDX, FOP, FLSE, sqb, sqt, sqh, skb, skt, skh, svb,
 
 def listed_slots(idx: Tensor, q_start: int, sel_block: int, forced: bool) -> Tensor:
     """The slots of `idx [B, Tq, Hkv, n]` that go to the block lists: those holding a block,
-    less (`forced`) each query's forced blocks (0, current, previous), which `_selb_forced_fwd`'s
-    query tiles attend (the same rule as `_is_forced`)."""
+    less (`forced`) each query's forced blocks (`nsa.selection.is_forced`, the rule `_is_forced`
+    applies in the kernels), which `_selb_forced_fwd`'s query tiles attend."""
     listed = idx >= 0
     if forced:
         pos = q_start + torch.arange(idx.shape[1], device=idx.device, dtype=idx.dtype)
         cur = pos.div(sel_block, rounding_mode="floor")[None, :, None, None]
-        listed &= (idx != 0) & (idx != cur) & (idx != cur - 1)
+        listed &= ~is_forced(idx, cur)
     return listed
 
 
