@@ -217,6 +217,34 @@ def test_triton_scores_kernel_geometries(geometry, seed, tiles):
     assert rel_err(o_c, out[:, start:]) < 1e-5
 
 
+@pytest.mark.parametrize("hq,start", [(2, 0), (8, 137)], ids=["G1", "G4-q_start137"])
+def test_triton_scores_query_tiles_per_program(hq, start, seed, tiles):
+    """`Tiles.scr_qt` query tiles per scores program, the block map's shift by a dot or a gather
+    (`scr_gather`): the same scores bit for bit as one tile per program, zeroed with atomic edges
+    and in the spill mode that top-n reads (so the same blocks), a whole prefill (against the
+    oracle too) and a chunk from q_start = 137. 3 tiles per program: programs straddle the causal staircase, and the
+    last one holds tiles past T (19 and 11 query tiles of 16)."""
+    block, stride, sel_block = 8, 4, 16
+    base = dict(cmp_lse=True, scr_bq=16, scr_bk=16 * sel_block // stride, topn_split_rows=0)
+    q, k, v = qkv(1, 300, hq, 2, 16, 16, device=DEV)
+    kc, vc = ops.compress_kv(k, v, block=block, stride=stride)
+    kw = dict(block=block, stride=stride, sel_block=sel_block, scale=16 ** -0.5)
+    got = {}
+    for qt, gather in ((1, False), (3, False), (3, True)):
+        tiles(**base, scr_qt=qt, scr_gather=gather)
+        o, s = triton_nsa.compressed_and_scores(q[:, start:], kc, vc, q_start=start, **kw)
+        _, idx = triton_nsa.compressed_select(q[:, start:], kc, vc, sel_count=5, q_start=start, **kw)
+        got[(qt, gather)] = (o, s, idx)
+    o1, s1, i1 = got[(1, False)]
+    for key, (o, s, idx) in got.items():
+        assert torch.equal(s, s1), f"scores differ with (scr_qt, scr_gather) = {key}, q_start {start}"
+        assert torch.equal(o, o1) and torch.equal(idx, i1), key
+    nb = (300 - 1) // sel_block + 1
+    if start == 0:
+        ref = _score_ref(q, kc, 300, nb, (1, 300, hq, 2, 16, 16), 16 ** -0.5, block, stride, sel_block)
+        assert torch.allclose(s1.double(), ref, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=IDS)
 def test_triton_compressed_and_scores_match(shape, seed):
     q, k, v = qkv(*shape, device=DEV)

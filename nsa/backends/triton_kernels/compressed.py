@@ -379,10 +379,11 @@ def _compressed_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tenso
     r, e = _stride_map(block, stride, sel_block, tiles)
     bq, bk = tiles.scr_bq, tiles.scr_bk
     sp = spill if spill is not None else s
-    _scr._cmp_scores[(triton.cdiv(tc, bk), triton.cdiv(tq, bq), b * hkv)](
+    qt = tiles.scr_qt
+    _scr._cmp_scores[(triton.cdiv(tc, bk), triton.cdiv(tq, bq * qt), b * hkv)](
         q, k_cmp, lse, s, sp, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
         k_cmp.stride(2), lse.stride(0), lse.stride(1), s.stride(0), s.stride(1), s.stride(2), sp.stride(0),
         sp.stride(1), sp.stride(2), tq, tc, s.shape[-1], q_start, scale * LOG2E,
         HKV=hkv, G=group, L=block, D=stride, R=r, E=e, BQ=bq, BK=bk, DK=dk, BDK=np2(dk), IEEE=exact,
-        SPILL=spill is not None, **tiles.launch("scr"))
+        SPILL=spill is not None, QT=qt, GATHER=tiles.scr_gather, **tiles.launch("scr"))
     return o, s

@@ -95,16 +95,22 @@ def _cmp_lse(Q, KC, VC, Out, LSE,
 
 
 @triton.jit
-def _block_map(p, ROWS: tl.constexpr, NBK: tl.constexpr, R: tl.constexpr, E: tl.constexpr, D: tl.constexpr):
+def _block_map(p, ROWS: tl.constexpr, NBK: tl.constexpr, R: tl.constexpr, E: tl.constexpr, D: tl.constexpr,
+               GATHER: tl.constexpr = False):
     """The stride map of `p [ROWS, NBK * R]` (probabilities of NBK * R consecutive compressed
     tokens, from a block edge) onto its NBK selection blocks: (tot, nxt), `tot[:, i]` = what block
     i gets from these tokens, `nxt[:, i]` = what block i + 1 gets from block i's tokens (so
-    `nxt[:, NBK - 1]` spills past the tile). The shift of nxt is an exact fp32 dot (NBK >= 16)."""
+    `nxt[:, NBK - 1]` spills past the tile). The shift of nxt by one column is an exact fp32 dot
+    (NBK >= 16), or with GATHER a `tl.gather` of column i - 1 (the same values: a move, then one
+    fp32 add either way)."""
     p3 = tl.reshape(p, [ROWS, NBK, R])
     r = tl.arange(0, R)
     own = tl.sum(p3 * (D * tl.minimum(R - r, E)).to(tl.float32)[None, None, :], 2)
     nxt = tl.sum(p3 * (D * tl.maximum(r + E - R, 0)).to(tl.float32)[None, None, :], 2)
     i = tl.arange(0, NBK)
+    if GATHER:
+        prev = tl.gather(nxt, tl.broadcast_to(tl.maximum(i - 1, 0)[None, :], [ROWS, NBK]), 1)
+        return own + tl.where(i[None, :] == 0, 0.0, prev), nxt
     shift = (i[None, :] == i[:, None] + 1).to(tl.float32)      # column i -> i + 1, exact in fp32
     return own + tl.dot(nxt, shift, input_precision="ieee"), nxt
 
@@ -115,11 +121,16 @@ def _cmp_scores(Q, KC, LSE, S, SP,
                 T, Tc, NB, q_start, qk_scale2,
                 HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
                 E: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr, BDK: tl.constexpr,
-                IEEE: tl.constexpr, SPILL: tl.constexpr):
-    """Group scores of one (key tile, query tile, group) from the rows' log-sum-exp (log2 units
-    come from `qk_scale2 = scale * log2(e)` and `lse * log2(e)`). SPILL: S is not zeroed; every
-    block column of the tile is stored and the spill into the next tile's first block goes to
-    `SP[b, t, h, key tile]` (top-n adds it: `topn._row_scores`). Every block top-n reads is
+                IEEE: tl.constexpr, SPILL: tl.constexpr, QT: tl.constexpr = 1,
+                GATHER: tl.constexpr = False):
+    """Group scores of one (key tile, query tiles `pid_q * QT ..`, group) from the rows'
+    log-sum-exp (log2 units come from `qk_scale2 = scale * log2(e)` and `lse * log2(e)`). The key
+    tile is loaded once for the `QT` query tiles; neighbouring programs (along the key tiles) take
+    the same query tiles, so those stay in L2. A program whose tiles all lie above the causal
+    staircase returns at once; one straddling it runs each of its tiles (a tile above gives zeros:
+    its stores are scores that top-n never reads, or zeros onto zeros). SPILL: S is not zeroed;
+    every block column of the tile is stored and the spill into the next tile's first block goes
+    to `SP[b, t, h, key tile]` (top-n adds it: `topn._row_scores`). Every block top-n reads is
     written: a candidate `j <= t // l' - 2` that is not forced holds a token query t sees (its
     first token ends at `l' j + l - 1 <= t` since `l <= l'`), so its tile, and the tile before,
     run; the forced blocks' scores are never read."""
@@ -128,12 +139,30 @@ def _cmp_scores(Q, KC, LSE, S, SP,
     bh = tl.program_id(2)
     b = (bh // HKV).to(tl.int64)
     h = bh % HKV
-    t0 = pid_q * BQ
     c0 = pid_k * BK
-    t_last = q_start + tl.minimum(t0 + BQ, T) - 1
+    t0 = pid_q * QT * BQ
+    t_last = q_start + tl.minimum(t0 + QT * BQ, T) - 1
     vis_last = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
-    if c0 >= vis_last:        # the whole tile lies above the causal staircase
+    if c0 >= vis_last:        # every tile lies above the causal staircase
         return
+    offs_c = c0 + tl.arange(0, BK)
+    offs_dk = tl.arange(0, BDK)
+    kc = tl.load(KC + b * skb + h * skh + offs_c[:, None] * skt + offs_dk[None, :],
+                 mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
+    kt = tl.trans(kc)
+    for i in range(QT):
+        _scores_tile(Q, LSE, S, SP, kt, b, h, pid_k, c0, t0 + i * BQ, sqb, sqt, sqh, slb, slh, ssb, sst, ssh,
+                     spb, spt, sph, T, Tc, NB, q_start, qk_scale2, G, L, D, R, E, BQ, BK, DK, BDK, IEEE, SPILL,
+                     GATHER)
+
+
+@triton.jit
+def _scores_tile(Q, LSE, S, SP, kt, b, h, pid_k, c0, t0, sqb, sqt, sqh, slb, slh, ssb, sst, ssh, spb, spt, sph,
+                 T, Tc, NB, q_start, qk_scale2, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
+                 R: tl.constexpr, E: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr,
+                 BDK: tl.constexpr, IEEE: tl.constexpr, SPILL: tl.constexpr, GATHER: tl.constexpr):
+    """`_cmp_scores` for queries `t0 .. t0 + BQ - 1` against the loaded key tile `kt` (queries
+    past T are masked: their loads give nothing, their stores are dropped)."""
     offs_q = t0 + tl.arange(0, BQ)
     q_ok = offs_q < T
     t_abs = q_start + offs_q
@@ -141,9 +170,6 @@ def _cmp_scores(Q, KC, LSE, S, SP,
     nvis = tl.minimum(nvis, Tc)
     offs_c = c0 + tl.arange(0, BK)
     offs_dk = tl.arange(0, BDK)
-    kc = tl.load(KC + b * skb + h * skh + offs_c[:, None] * skt + offs_dk[None, :],
-                 mask=(offs_c[:, None] < Tc) & (offs_dk[None, :] < DK), other=0.0)
-    kt = tl.trans(kc)
     q_rows = Q + b * sqb + offs_q[:, None].to(tl.int64) * sqt + offs_dk[None, :]
     acc = tl.zeros([BQ, BK], tl.float32)
     for g in range(G):
@@ -155,7 +181,7 @@ def _cmp_scores(Q, KC, LSE, S, SP,
     # Invisible entries (and rows that see nothing: lse = +inf) leave the sum here, by select.
     acc = tl.where((offs_c[None, :] < nvis[:, None]) & q_ok[:, None], acc, 0.0)
     NBK: tl.constexpr = BK // R
-    tot, nxt = _block_map(acc, BQ, NBK, R, E, D)
+    tot, nxt = _block_map(acc, BQ, NBK, R, E, D, GATHER)
     i = tl.arange(0, NBK)
     jb = c0 // R
     offs_j = jb + i
@@ -173,3 +199,4 @@ def _cmp_scores(Q, KC, LSE, S, SP,
         edge = S + b * ssb + offs_q.to(tl.int64) * sst + h * ssh
         tl.atomic_add(edge + jb, first, mask=q_ok & (jb < NB), sem="relaxed")
         tl.atomic_add(edge + jb + NBK, spill, mask=q_ok & (jb + NBK < NB), sem="relaxed")
+

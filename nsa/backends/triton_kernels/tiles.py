@@ -46,6 +46,10 @@ class Tiles:
     scr_bk: int = 64              # scores kernel: compressed keys per program (a multiple of 16 * l' / d)
     scr_warps: int = 4
     scr_stages: int | None = 2
+    scr_gather: bool = False      # scores kernel: the block map's one-column shift by tl.gather, not an fp32 dot
+    scr_qt: int = 16              # scores kernel: query tiles per program, one key-tile load for all (H100, 64k:
+                                  # the kernel 4.46 -> 3.49 ms at 16/16 heads; forward 16/16 20.7 -> 19.6 ms, 32/8
+                                  # 25.2 -> 24.5; 64/4 within +-1%; docs/perf-notes.md item 45)
     sel_warps: int = 2
     sel_stages: int | None = 2
     split_tiles: int = 8          # decode: compressed tiles per chunk of the split kernel
@@ -122,7 +126,7 @@ class Tiles:
                 continue
             if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64",
                           "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32", "dec_flags",
-                          "win_beside", "win_fa4"):
+                          "win_beside", "win_fa4", "scr_gather"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
@@ -168,7 +172,7 @@ PROFILES: dict[str, Tiles] = {
     "sm90": Tiles(),
     "default": Tiles(),
     "cpu": Tiles(cmp_rows=16, cmp_bc=16, win_rows=16, win_bn=16, lse_rows=16, lse_bc=16, scr_bq=16, scr_bk=64,
-                 dec_chunk=64, topn_ctas=3),
+                 scr_qt=2, dec_chunk=64, topn_ctas=3),
 }
 
 _override: contextvars.ContextVar[Tiles | None] = contextvars.ContextVar("nsa_triton_tiles", default=None)
