@@ -539,11 +539,12 @@ def test_triton_topn_matches_select_topn(q_start, mode, seed, tiles):
 
 @pytest.mark.parametrize("case", ["spread", "one-bucket", "bucket-at-edge", "bucket-inside", "signed",
                                   "signed-zeros-on-top", "few-candidates"])
-@pytest.mark.parametrize("algo", ["filter", "filter-rounds", "argmax"])
+@pytest.mark.parametrize("algo", ["filter", "filter-rounds", "filter-rank", "argmax"])
 def test_triton_topn_algorithms_are_exact(case, algo, seed, tiles):
     """Each top-n algorithm of topn._select_row against the PyTorch rule on rows of 120 blocks
     (n = 5, 7 index bits; filter: chunks of 4, at most 16 compacted, then the exact rule over
-    them by int64 keys and one sort, or by n arg-max rounds ("filter-rounds")):
+    them by int64 keys and one sort, by n arg-max rounds ("filter-rounds") or by all-pairs
+    ranks of the int64 keys ("filter-rank")):
     scores spread out (the candidates decide); all in one truncation bucket (1.0 + k ulp,
     k < 2**7: the whole-row fallback decides, ties by index included); ~18 near-equal top scores
     in one bucket (across bitonic's 16th candidate, over filter's cap: fallback) or ~5 (inside:
@@ -553,7 +554,8 @@ def test_triton_topn_algorithms_are_exact(case, algo, seed, tiles):
     the CPU profile (3 programs) walks many rows each."""
     from nsa.selection import select_topn
 
-    tiles(topn_algo=algo.split("-")[0], topn_cap=16, topn_split_rows=0, topn_sort64=algo == "filter")
+    tiles(topn_algo=algo.split("-")[0], topn_cap=16, topn_split_rows=0, topn_sort64=algo == "filter",
+          topn_rank=algo == "filter-rank")
     b, hkv, tq, sel_block, n, nb = 1, 2, 15, 4, 5, 120
     q_start = nb * sel_block - tq if case != "few-candidates" else 30     # ~118 candidates, or 8-12
     g = torch.Generator().manual_seed(seed)

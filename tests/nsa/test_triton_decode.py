@@ -146,7 +146,7 @@ def test_triton_decode_topn_algorithms(algo, t, once, seed):
     set of loads for up to 4 chunks (so t = 1100 takes the loop: the bound is tested both ways)."""
     base = triton_nsa.current_tiles(DEV)
     q, gates, caches, scale, ref, ref_idx = _step(SHAPES[0], t)
-    with triton_nsa.use_tiles(dataclasses.replace(base, dtop_algo=algo.split("-")[0], topn_cap=16,
+    with triton_nsa.use_tiles(dataclasses.replace(base, dtop_algo=algo.split("-")[0], dtop_cap=16,
                                                   dtop_sort64=algo == "filter", dec_cb=2, dtop_once=once)):
         out, idx = triton_nsa.decode_step(q, gates, *caches, t=t, block=L, stride=D, sel_block=SEL, sel_count=N,
                                           window=W, scale=scale)

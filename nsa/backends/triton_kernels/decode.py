@@ -637,7 +637,7 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     psc, psp = _scratch(bh * nch * bg * nbk, dev), _scratch(bh * nch * bg, dev)
     nb, cur = t // sel_block + 1, t // sel_block
     sw = np2(nb)
-    s = _scratch(bh * (sw + tiles.topn_cap), dev)
+    s = _scratch(bh * (sw + tiles.dtop_cap), dev)
     idx = torch.empty(b, 1, hkv, sel_count, dtype=torch.int32, device=dev)
     ncol = bdv // dvc
     oc = _scratch(bh * bg * bdv, dev)
@@ -664,7 +664,7 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
         _dec_topn[(1, bh)](pml, psc, psp, s, idx, sync, tr, idx.stride(0), idx.stride(2), nch, nb, cur,
                                   nbh, **loop, HKV=hkv, BG=bg, NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count),
                                   CB=tiles.dec_cb,
-                                  **sort_params(sw, sel_count, tiles.dtop_algo, tiles.topn_cap, tiles.topn_nchunk,
+                                  **sort_params(sw, sel_count, tiles.dtop_algo, tiles.dtop_cap, tiles.topn_nchunk,
                                                 tiles.dtop_sort64),
                                   ONCE=tiles.dtop_once, PDL=pdl, FLAGS=flags, **trace, **launch_pdl,
                                   num_warps=tiles.dtop_warps)

@@ -46,7 +46,8 @@ class Tiles:
     scr_bk: int = 64              # scores kernel: compressed keys per program (a multiple of 16 * l' / d)
     scr_warps: int = 4
     scr_stages: int | None = 2
-    scr_gather: bool = False      # scores kernel: the block map's one-column shift by tl.gather, not an fp32 dot
+    scr_gather: bool = True       # scores kernel: the block map's one-column shift by tl.gather, not an fp32 dot
+                                  # (H100, 16/16 heads at 64k: the kernel 3.49 -> 2.85 ms; docs/perf-notes.md item 45)
     scr_qt: int = 16              # scores kernel: query tiles per program, one key-tile load for all (H100, 64k:
                                   # the kernel 4.46 -> 3.49 ms at 16/16 heads; forward 16/16 20.7 -> 19.6 ms, 32/8
                                   # 25.2 -> 24.5; 64/4 within +-1%; docs/perf-notes.md item 45)
@@ -83,10 +84,15 @@ class Tiles:
     topn_chunk: int = 128         # blocks per chunk of the two-stage top-n
     topn_warps: int = 1           # prefill top-n, rows of >= 1024 blocks (shorter rows: one warp)
     topn_algo: str = "filter"     # prefill top-n rows: "argmax" or "filter" (both exact; topn._select_row)
-    topn_cap: int = 64            # "filter": most candidates compacted per row (more: that row takes arg-max rounds)
+    topn_cap: int = 32            # "filter": most candidates compacted per row (more: that row takes arg-max rounds
+                                  # over the whole row); 32 with topn_rank (64: the ranks' 64 x 64 compares cost more)
     topn_nchunk: int = 256        # "filter": chunk maxima per row (chunks of max(4, blocks / this) blocks)
     topn_sort64: bool = False     # prefill "filter": the exact rule over the compacted blocks by int64 keys and one
                                   # sort (topn.py); off: slower on the spill rows (64k: 2.11 against 1.85 ms at 64/4)
+    topn_rank: bool = True        # prefill "filter": the exact rule over the compacted blocks by all-pairs ranks of
+                                  # int64 keys (topn._top_by_rank) instead of n arg-max rounds (H100, 64k, top-n with
+                                  # topn_cap 32: 16/16 heads 4.78 -> 4.39 ms, 32/8 2.38 -> 2.15, 64/4 1.18 -> 1.09;
+                                  # docs/perf-notes.md item 46)
     topn_ctas: int = 256          # prefill top-n: programs per SM, each walking rows (its scratch: topn_cap ints)
     win_rows: int = 64            # sliding: (query, head) rows per program
     win_bn: int = 32              # sliding: keys per tile
@@ -106,7 +112,9 @@ class Tiles:
     dec_warps: int = 4
     dec_stages: int | None = None
     dtop_warps: int = 4           # decode.py kernel B (lse, scores, top-n)
-    dtop_algo: str = "filter"     # decode.py kernel B: top-n as topn_algo (with topn_cap)
+    dtop_algo: str = "filter"     # decode.py kernel B: top-n as topn_algo (with dtop_cap)
+    dtop_cap: int = 64            # decode.py kernel B: as topn_cap (the prefill's 32 came with topn_rank, which
+                                  # kernel B does not take: it has dtop_sort64)
     dtop_sort64: bool = True      # decode.py kernel B: as topn_sort64 (step at 64k, B=8: 71.0 -> 67.4 us)
     dout_warps: int = 4           # decode.py kernel D (merges, gated sum)
     dout_cols: int = 16           # decode.py kernel D: output columns per program (>= 16)
@@ -126,7 +134,7 @@ class Tiles:
                 continue
             if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64",
                           "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32", "dec_flags",
-                          "win_beside", "win_fa4", "scr_gather"):
+                          "win_beside", "win_fa4", "scr_gather", "topn_rank"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
@@ -143,12 +151,12 @@ class Tiles:
                      "scr_bq", "scr_bk", "scr_warps", "selb_rows", "selb_warps", "selb_forced_rows", "selb_forced_warps",
                      "topn_warps", "dec_chunk",
                      "dec_warps", "dtop_warps", "dout_warps", "dblk_warps",
-                     "dec_max_blocks", "dout_cols", "dec_cb", "topn_cap", "topn_nchunk", "dtop_once"):
+                     "dec_max_blocks", "dout_cols", "dec_cb", "topn_cap", "dtop_cap", "topn_nchunk", "dtop_once"):
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two (tl.arange sizes, warps), got {value}")
         for name in ("cmp_bc", "win_bn", "lse_bc", "scr_bq", "scr_bk", "lse_rows", "selb_rows", "dec_chunk", "dout_cols",
-                     "topn_cap", "selb_forced_rows"):
+                     "topn_cap", "dtop_cap", "selb_forced_rows"):
             if getattr(self, name) < 16:
                 raise ValueError(f"Tiles.{name} must be >= 16 (tl.dot's smallest tile), got {getattr(self, name)}")
 

@@ -103,7 +103,8 @@ def _select_row(row, sprow, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.con
       (those maxima) have keys >= tau, and a block in a lower bucket than tau's has a lower score
       than each of them: it cannot be in the top `N`. The blocks in tau's bucket or above (>= N
       of them, a few more for spread scores) are compacted in block order into `scr[0:CAP]` and
-      the exact rule runs over them (SORT64: `_top_by_keys64`, else `N` arg-max rounds); more
+      the exact rule runs over them (SORT64 1: `_top_by_keys64`, 2: `_top_by_rank`, else `N`
+      arg-max rounds); more
       than `CAP` (many near-equal scores): the arg-max rounds over the whole row."""
     if ALGO == 1:
         key = _keys(s, j, IB)
@@ -123,7 +124,9 @@ def _select_row(row, sprow, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.con
             jc = tl.load(sp + c, mask=c < count, other=2147483647)
             tl.debug_barrier()                      # every lane has read scr before it is reused
             sc = _row_scores(row, sprow, jc, NB, cur, NBK)
-            if SORT64:
+            if SORT64 == 2:
+                _write_blocks(out, jc, _top_by_rank(sc, jc, N), N, BN)
+            elif SORT64 == 1:
                 _write_blocks(out, jc, _top_by_keys64(sc, jc, N, K2), N, BN)
             else:
                 _write_blocks(out, jc, _take_top(sc, jc, N), N, BN)
@@ -144,6 +147,20 @@ def _top_by_keys64(s, j, N: tl.constexpr, K2: tl.constexpr):
     top = tl.topk(key, K2)
     thr = tl.sum(tl.where(tl.arange(0, K2) == N - 1, top, 0), 0)
     return (key >= thr) & (s > float("-inf"))
+
+
+@triton.jit
+def _top_by_rank(s, j, N: tl.constexpr):
+    """The mask of the spec's top `N` of scores `s` at blocks `j` (distinct, < 2**31; -inf: not a
+    candidate) by ranks: the exact int64 keys of `_top_by_keys64`, and for each block the count
+    of keys above its own from one all-pairs comparison; the top `N` are the candidates of rank
+    < N (all of them when fewer). No dependent rounds: the comparisons are independent, then one
+    sum per row."""
+    ok = s > float("-inf")
+    key = (_mono(s).to(tl.int64) << 32) | (4294967295 - j.to(tl.int64))
+    key = tl.where(ok, key, -9223372036854775807)
+    rank = tl.sum((key[None, :] > key[:, None]).to(tl.int32), 1)
+    return (rank < N) & ok
 
 
 @triton.jit
@@ -230,14 +247,15 @@ def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_st
                         CAP, NBK, SORT64)
 
 
-def sort_params(width: int, sel_count: int, algo: str, cap: int, nchunk: int, sort64: bool) -> dict[str, int]:
+def sort_params(width: int, sel_count: int, algo: str, cap: int, nchunk: int, sort64: bool,
+                rank: bool = False) -> dict[str, int]:
     """`ALGO`, `IB` (index bits), `K2` (np2(n)), `CW`, `CAP`, `SORT64` of `_select_row` for rows of
     `width` (a power of two) blocks: the filter's chunks hold CW = max(4, width / nchunk) blocks;
     rows too short for it (<= cap blocks, or fewer than np2(n) chunks) take the arg-max rounds."""
     n2, cw = np2(sel_count, 1), max(4, width // nchunk)
     use = algo == "filter" and width > cap and width // cw >= n2
     return {"ALGO": int(use), "IB": max(width.bit_length() - 1, 1), "K2": n2, "CW": cw, "CAP": cap,
-            "SORT64": int(sort64 and cap >= n2)}
+            "SORT64": 2 if rank else int(sort64 and cap >= n2)}
 
 
 def width_classes(q_start: int, tq: int, sel_block: int, width: int, low: int) -> list[tuple[int, int, int]]:
@@ -310,6 +328,6 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
                         rows, iters, ITERS_HOST=0 if dyn else iters, DYN=dyn, HKV=hkv, BH=b * hkv, SEL=sel_block,
                         N=sel_count, BNB=w, BN=np2(sel_count, 16), NBK=nbk,
                         **sort_params(w, sel_count, tiles.topn_algo, tiles.topn_cap, tiles.topn_nchunk,
-                                      tiles.topn_sort64),
+                                      tiles.topn_sort64, tiles.topn_rank),
                         num_warps=tiles.topn_warps if w >= 1024 else 1)
     return idx
