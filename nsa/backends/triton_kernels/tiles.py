@@ -63,7 +63,8 @@ class Tiles:
     selb_part_cap: int = 2**34    # block-centric: bytes of partials (n + 1 times the output) at most; longer prefills
                                   # run in chunks of queries under it (0: no cap). 16 GiB: 32/8 and 16/16 heads whole
                                   # to 64k, 64/8 in 2 chunks at 64k (45.0 ms; 4 GiB chunks: 45.6)
-    selb_sort16: bool = True      # block-centric: the inversion sorts int16 list ids when they fit (< 2**15 lists)
+    selb_sort16: bool = True      # block-centric: the inversion sorts int16 list ids when they fit (< 2**15 lists):
+                                  # half the radix passes (H100, 16/16 heads at 64k: 0.67 -> 0.32 ms; perf-notes item 47)
     selb_rows: int = 128          # block-centric kernel: (entry, head) rows per program
     selb_warps: int = 4
     selb_stages: int | None = 2   # (the loop over steps below pipelines the gathers; 3 stages measured 1.6x slower)
