@@ -510,6 +510,15 @@ def test_triton_block_centric_bf16_on_gpu(part_fp32, forced, seed, tiles):
         assert rel_err(ours, ref) <= 2 * rel_err(base, ref) + 1e-6, (hq, hkv)
 
 
+def test_block_centric_list_ids_fit_their_sort_dtype():
+    """The inversion's sort key holds every list id `0 .. n_lists` (the last: invalid slots)."""
+    from nsa.backends.triton_kernels.selection_blocks import list_id_dtype
+
+    for n_lists in (0, 6, 2 ** 15 - 1, 2 ** 15, 2 ** 20):
+        dt = list_id_dtype(n_lists)
+        assert torch.iinfo(dt).max >= n_lists and (dt == torch.int16) == (n_lists < 2 ** 15), n_lists
+
+
 def test_interpreter_flag_is_what_cpu_runs_use():
     if DEV == "cpu":
         assert os.environ.get("TRITON_INTERPRET") == "1"

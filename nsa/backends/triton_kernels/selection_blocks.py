@@ -287,6 +287,12 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
     return o
 
 
+def list_id_dtype(n_lists: int) -> torch.dtype:
+    """The narrowest sort key for list ids `0 .. n_lists` (n_lists: the invalid slots' id):
+    torch.sort's radix sort runs over every bit of the key, so int16 takes half the passes."""
+    return torch.int16 if n_lists <= torch.iinfo(torch.int16).max else torch.int32
+
+
 def _selected_into(o: Tensor, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, scale: float,
                    q_start: int, k_start: int, tiles: Tiles, gated: tuple[Tensor, Tensor, Tensor] | None) -> None:
     """`selected` for one chunk of queries, written into `o [B, Tq, Hq, dv]` (a view)."""
@@ -303,8 +309,8 @@ def _selected_into(o: Tensor, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, s
           + torch.arange(hkv, device=q.device, dtype=torch.int32)[None, None, :, None])
     forced = 0 < tiles.selb_forced_min_group <= group
     key = torch.where(listed_slots(idx, q_start, sel_block, forced), bh * nbk + idx, n_lists).flatten()
-    if tiles.selb_sort16 and n_lists < 2 ** 15:
-        key = key.to(torch.int16)     # list ids fit: a radix sort over 16 bits takes half the passes of 32
+    if tiles.selb_sort16:
+        key = key.to(list_id_dtype(n_lists))   # int16 where the ids fit: half the radix passes of int32
     sorted_key, order = torch.sort(key, stable=True)
     # List l's entries are sorted[lstart[l] : lstart[l + 1]] (a search of the sorted keys, no histogram).
     lstart = torch.searchsorted(sorted_key, torch.arange(n_lists + 1, device=q.device, dtype=key.dtype))
