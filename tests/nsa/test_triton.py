@@ -224,8 +224,8 @@ def test_triton_scores_query_tiles_per_program(hq, start, seed, tiles):
     """`Tiles.scr_qt` query tiles per scores program, the block map's shift by a dot or a gather
     (`scr_gather`): the same scores bit for bit as one tile per program, zeroed with atomic edges
     and in the spill mode that top-n reads (so the same blocks), a whole prefill (against the
-    oracle too) and a chunk from q_start = 137. 3 tiles per program: programs straddle the causal staircase, and the
-    last one holds tiles past T (19 and 11 query tiles of 16)."""
+    oracle too) and a chunk from q_start = 137. 3 tiles per program: programs straddle the
+    causal staircase, and the last one holds tiles past T (19 and 11 query tiles of 16)."""
     block, stride, sel_block = 8, 4, 16
     base = dict(cmp_lse=True, scr_bq=16, scr_bk=16 * sel_block // stride, topn_split_rows=0)
     q, k, v = qkv(1, 300, hq, 2, 16, 16, device=DEV)

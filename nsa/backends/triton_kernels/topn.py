@@ -103,9 +103,9 @@ def _select_row(row, sprow, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.con
       (those maxima) have keys >= tau, and a block in a lower bucket than tau's has a lower score
       than each of them: it cannot be in the top `N`. The blocks in tau's bucket or above (>= N
       of them, a few more for spread scores) are compacted in block order into `scr[0:CAP]` and
-      the exact rule runs over them (SORT64 1: `_top_by_keys64`, 2: `_top_by_rank`, else `N`
-      arg-max rounds); more
-      than `CAP` (many near-equal scores): the arg-max rounds over the whole row."""
+      the exact rule runs over them (SORT64 1: `_top_by_keys64`, 2: `_top_by_rank`, 0: `N`
+      arg-max rounds); more than `CAP` (many near-equal scores): the arg-max rounds over the
+      whole row."""
     if ALGO == 1:
         key = _keys(s, j, IB)
         W: tl.constexpr = 1 << IB
@@ -251,7 +251,9 @@ def sort_params(width: int, sel_count: int, algo: str, cap: int, nchunk: int, so
                 rank: bool = False) -> dict[str, int]:
     """`ALGO`, `IB` (index bits), `K2` (np2(n)), `CW`, `CAP`, `SORT64` of `_select_row` for rows of
     `width` (a power of two) blocks: the filter's chunks hold CW = max(4, width / nchunk) blocks;
-    rows too short for it (<= cap blocks, or fewer than np2(n) chunks) take the arg-max rounds."""
+    rows too short for it (<= cap blocks, or fewer than np2(n) chunks) take the arg-max rounds.
+    The rule over the filter's survivors: `SORT64` 2 with `rank` (all-pairs ranks), else 1 with
+    `sort64` (one int64 sort; needs cap >= np2(n)), else 0 (n arg-max rounds)."""
     n2, cw = np2(sel_count, 1), max(4, width // nchunk)
     use = algo == "filter" and width > cap and width // cw >= n2
     return {"ALGO": int(use), "IB": max(width.bit_length() - 1, 1), "K2": n2, "CW": cw, "CAP": cap,
