@@ -25,19 +25,10 @@ sed -i 's/        return own + tl.where(i\[None, :\] == 0, 0.0, prev), nxt/     
 run scores "$S" "the gather shift's column 0 not cleared"
 sed -i 's/    rank = tl.sum((key\[None, :\] > key\[:, None\]).to(tl.int32), 1)/    rank = tl.sum((key[None, :] >= key[:, None]).to(tl.int32), 1)/' $d/topn.py
 run topn "$R" "ranks counting the key itself"
-python3 - <<'PY'
-p = "nsa/backends/triton_kernels/topn.py"
-s = open(p).read()
-a = "    ok = s > float(\"-inf\")\n    key = (_mono(s).to(tl.int64) << 32) | (4294967295 - j.to(tl.int64))"
-open(p, "w").write(s.replace(a, "    ok = s > float(\"-inf\")\n    key = (_mono(s).to(tl.int64) << 32) | j.to(tl.int64)"))
-PY
+key="    key = (_mono(s).to(tl.int64) << 32) | (4294967295 - j.to(tl.int64))"
+sed -i "s/^$key\$/    key = (_mono(s).to(tl.int64) << 32) | j.to(tl.int64)/" $d/topn.py
 run topn "$R" "ranks' ties to the higher index"
-python3 - <<'PY'
-p = "nsa/backends/triton_kernels/topn.py"
-s = open(p).read()
-a = "    ok = s > float(\"-inf\")\n    key = (_mono(s).to(tl.int64) << 32) | (4294967295 - j.to(tl.int64))"
-open(p, "w").write(s.replace(a, "    ok = s > float(\"-inf\")\n    key = (s.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (4294967295 - j.to(tl.int64))"))
-PY
+sed -i "s/^$key\$/    key = (s.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (4294967295 - j.to(tl.int64))/" $d/topn.py
 run topn "$R" "ranks on raw score bits (negatives, -0.0)"
 sed -i 's/                _write_blocks(out, jc, _top_by_rank(sc, jc, N), N, BN)/                _write_blocks(out, jc, _top_by_rank(sc, jc, N - 1), N, BN)/' $d/topn.py
 run topn "$R" "ranks keep n - 1"

@@ -19,7 +19,7 @@ sed -i 's/        listed \&= ~is_forced(idx, cur)/        listed \&= (idx != 0) 
 sed -i 's/        w = tl.exp(tl.load(FLSE + frow, mask=gmask, other=float("-inf")) - m_safe)/& * 0.5/' $f; run "the forced partial misweighted"
 sed -i 's/        m = tl.load(FLSE + frow, mask=gmask, other=float("-inf"))/        m = m/' $f; run "the forced partial left out of the max"
 sed -i 's/        m = tl.maximum(m, tl.load(LSEP + (base + s) \* G + offs_g, mask=gmask \& used, other=float("-inf")))/        m = m/' $f; run "the slots left out of the max"
-sed -i 's/            used = used \& ~_is_forced(j, cur)/            used = used/' $f; run "the forced slots merged by the combine too"
+sed -i 's/        used = used \& ~_is_forced(j, cur)/        used = used/' $f; run "the forced slots merged by the combine too"
 sed -i 's/    cur = (q_start + t) \/\/ SEL/    cur = t \/\/ SEL/' $f; run "the combine's current block without q_start"
 sed -i 's/(m_i + tl.log2(l_safe)) \/ common.LOG2E)/m_i + tl.log2(l_safe))/' $f; run "the forced log-sum-exp left in log2 units"
 sed -i 's/(acc \/ l_safe\[:, None\]).to(FOP/acc.to(FOP/' $f; run "the forced partial not normalised"

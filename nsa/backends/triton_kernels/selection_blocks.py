@@ -118,6 +118,16 @@ def _is_forced(j, cur):
 
 
 @triton.jit
+def _listed(j, cur, FORCED: tl.constexpr):
+    """A slot holding block `j` has a partial from the lists kernel: it holds a block (j >= 0)
+    and, with FORCED, not one of the query's forced blocks (those are `_selb_forced_fwd`'s)."""
+    used = j >= 0
+    if FORCED:
+        used = used & ~_is_forced(j, cur)
+    return used
+
+
+@triton.jit
 def _selb_combine(OP, LSEP, FOP, FLSE, IDX, Out, OC, OW, GT, sib, sit, sih, sob, sot, soh,
                   scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc, Tq, q_start,
                   HKV: tl.constexpr, G: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr, DV: tl.constexpr,
@@ -136,29 +146,24 @@ def _selb_combine(OP, LSEP, FOP, FLSE, IDX, Out, OC, OW, GT, sib, sit, sih, sob,
     cur = (q_start + t) // SEL
     base = ((b * Tq + t) * HKV + h) * N_SEL
     frow = ((b * Tq + t) * HKV + h) * G + offs_g
-    m = tl.full([BG], float("-inf"), tl.float32)
+    lse_f = tl.full([BG], float("-inf"), tl.float32)      # the forced blocks' partial (FORCED)
     if FORCED:
-        m = tl.load(FLSE + frow, mask=gmask, other=float("-inf"))
+        lse_f = tl.load(FLSE + frow, mask=gmask, other=float("-inf"))
+    m = lse_f
     for s in tl.static_range(N_SEL):   # pass 1: the largest log-sum-exp of each head
-        j = tl.load(IDX + b * sib + t * sit + h * sih + s)
-        used = j >= 0
-        if FORCED:
-            used = used & ~_is_forced(j, cur)
+        used = _listed(tl.load(IDX + b * sib + t * sit + h * sih + s), cur, FORCED)
         m = tl.maximum(m, tl.load(LSEP + (base + s) * G + offs_g, mask=gmask & used, other=float("-inf")))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     l_tot = tl.zeros([BG], tl.float32)
     acc = tl.zeros([BG, BDV], tl.float32)
     dmask = offs_dv[None, :] < DV
     if FORCED:
-        w = tl.exp(tl.load(FLSE + frow, mask=gmask, other=float("-inf")) - m_safe)
+        w = tl.exp(lse_f - m_safe)
         o_f = tl.load(FOP + frow[:, None] * DV + offs_dv[None, :], mask=gmask[:, None] & dmask, other=0.0)
         l_tot += w
         acc += w[:, None] * o_f.to(tl.float32)
     for s in tl.static_range(N_SEL):   # pass 2: the weighted outputs (a slot without a block weighs 0)
-        j = tl.load(IDX + b * sib + t * sit + h * sih + s)
-        used = j >= 0
-        if FORCED:
-            used = used & ~_is_forced(j, cur)
+        used = _listed(tl.load(IDX + b * sib + t * sit + h * sih + s), cur, FORCED)
         row = (base + s) * G + offs_g
         rmask = gmask & used
         w = tl.exp(tl.load(LSEP + row, mask=rmask, other=float("-inf")) - m_safe)

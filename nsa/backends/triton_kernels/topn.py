@@ -135,15 +135,21 @@ def _select_row(row, sprow, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.con
 
 
 @triton.jit
+def _keys64(s, j):
+    """Exact int64 keys of scores `s` at blocks `j` (< 2**31; -inf: not a candidate) in the rule's
+    order: the score's 32 bits made monotone (-0.0 as +0.0), then the index field `2**32 - 1 - j`
+    (higher score, then lower index); non-candidates get the lowest key, below every candidate."""
+    key = (_mono(s).to(tl.int64) << 32) | (4294967295 - j.to(tl.int64))
+    return tl.where(s > float("-inf"), key, -9223372036854775807)
+
+
+@triton.jit
 def _top_by_keys64(s, j, N: tl.constexpr, K2: tl.constexpr):
     """The mask of the spec's top `N` of scores `s` at blocks `j` (< 2**31; -inf: not a
-    candidate): exact int64 keys (the score's 32 bits made monotone, -0.0 as +0.0, then the index
-    field `2**32 - 1 - j`, so the order is the rule's: higher score, then lower index), the
-    `N`-th largest key by one bitonic top-`K2` (`K2 = np2(N)`), and every candidate at or above
-    it. Fewer than N candidates: all of them. The same set `_take_top` picks, in a sorting
-    network instead of N dependent arg-max rounds."""
-    key = (_mono(s).to(tl.int64) << 32) | (4294967295 - j.to(tl.int64))
-    key = tl.where(s > float("-inf"), key, -9223372036854775807)
+    candidate): the `N`-th largest of the exact `_keys64` by one bitonic top-`K2`
+    (`K2 = np2(N)`), and every candidate at or above it. Fewer than N candidates: all of them.
+    The same set `_take_top` picks, in a sorting network instead of N dependent arg-max rounds."""
+    key = _keys64(s, j)
     top = tl.topk(key, K2)
     thr = tl.sum(tl.where(tl.arange(0, K2) == N - 1, top, 0), 0)
     return (key >= thr) & (s > float("-inf"))
@@ -152,15 +158,12 @@ def _top_by_keys64(s, j, N: tl.constexpr, K2: tl.constexpr):
 @triton.jit
 def _top_by_rank(s, j, N: tl.constexpr):
     """The mask of the spec's top `N` of scores `s` at blocks `j` (distinct, < 2**31; -inf: not a
-    candidate) by ranks: the exact int64 keys of `_top_by_keys64`, and for each block the count
-    of keys above its own from one all-pairs comparison; the top `N` are the candidates of rank
-    < N (all of them when fewer). No dependent rounds: the comparisons are independent, then one
-    sum per row."""
-    ok = s > float("-inf")
-    key = (_mono(s).to(tl.int64) << 32) | (4294967295 - j.to(tl.int64))
-    key = tl.where(ok, key, -9223372036854775807)
+    candidate) by ranks: the exact `_keys64`, and for each block the count of keys above its own
+    from one all-pairs comparison; the top `N` are the candidates of rank < N (all of them when
+    fewer). No dependent rounds: the comparisons are independent, then one sum per row."""
+    key = _keys64(s, j)
     rank = tl.sum((key[None, :] > key[:, None]).to(tl.int32), 1)
-    return (rank < N) & ok
+    return (rank < N) & (s > float("-inf"))
 
 
 @triton.jit
