@@ -1,6 +1,6 @@
 #!/bin/bash
 # Each mutation of the scores kernel's query-tile loop and gather shift (scores.py), top-n's ranks
-# (topn.py) and the int16 inversion sort (selection_blocks.py) must fail the tests named beside it
+# and lane form (topn.py) and the int16 inversion sort (selection_blocks.py) must fail the tests named beside it
 # (CPU, Triton's interpreter): bash bench/experiments/scores_topn_mutations.sh from the repo root,
 # with .venv built. Run it in a clone, not in a tree a device call carries.
 cd "$(dirname "$0")/../.."
@@ -13,7 +13,8 @@ run() { f=$d/$1.py; cmp -s $f /tmp/mut_$1.bak && { echo "NOT APPLIED (the patter
 S="query_tiles_per_program"
 R="algorithms_are_exact and rank"
 C="in_query_chunks"
-tests "$S or $R or $C or list_ids_fit" && echo "baseline passes" || { echo "BASELINE FAILS"; exit 1; }
+L="algorithms_are_exact and filter"
+tests "$S or $R or $C or $L or lane_chunks_only or list_ids_fit" && echo "baseline passes" || { echo "BASELINE FAILS"; exit 1; }
 sed -i 's/_scores_tile(Q, LSE, S, SP, kt, b, h, pid_k, c0, t0 + i \* BQ,/_scores_tile(Q, LSE, S, SP, kt, b, h, pid_k, c0, t0 + (i \/\/ 2) * BQ,/' $d/scores.py
 run scores "$S" "a program's tiles repeated"
 sed -i 's/    t0 = pid_q \* QT \* BQ$/    t0 = pid_q * BQ/' $d/scores.py; run scores "$S" "programs' tiles overlapping"
@@ -30,8 +31,16 @@ sed -i "s/^$key\$/    key = (_mono(s).to(tl.int64) << 32) | j.to(tl.int64)/" $d/
 run topn "$R" "ranks' ties to the higher index"
 sed -i "s/^$key\$/    key = (s.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (4294967295 - j.to(tl.int64))/" $d/topn.py
 run topn "$R" "ranks on raw score bits (negatives, -0.0)"
-sed -i 's/                _write_blocks(out, jc, _top_by_rank(sc, jc, N), N, BN)/                _write_blocks(out, jc, _top_by_rank(sc, jc, N - 1), N, BN)/' $d/topn.py
+sed -i 's/                chosen = _top_by_rank(sc, jc, N)$/                chosen = _top_by_rank(sc, jc, N - 1)/' $d/topn.py
 run topn "$R" "ranks keep n - 1"
+sed -i 's/                slot = tl.cumsum(c2, 0) + (tl.cumsum(per_lane, 0) - per_lane)\[None, :\] - 1/                slot = tl.cumsum(c2, 0) + tl.cumsum(per_lane, 0)[None, :] - 1/' $d/topn.py
+run topn "$L" "lane compaction: each lane's offset counts its own survivors"
+sed -i 's/                slot = tl.cumsum(c2, 0) + (tl.cumsum(per_lane, 0) - per_lane)\[None, :\] - 1/                slot = c2 + (tl.cumsum(per_lane, 0) - per_lane)[None, :] - 1/' $d/topn.py
+run topn "$L" "lane compaction: no scan within a lane"
+sed -i 's/    jo = tl.sort(tl.where(chosen, j, 2147483647))          # taken blocks first, ascending/    jo = tl.where(chosen, j, 2147483647)/' $d/topn.py
+run topn "$L" "lane form: taken blocks written in compaction order"
+sed -i 's/            "LANES": int(lanes and use and width >= 32 and cap >= sel_count)}/            "LANES": int(lanes and use and width >= 32)}/' $d/topn.py
+run topn "lane_chunks_only" "lane form with a cap below n"
 sed -i 's/    return torch.int16 if n_lists <= torch.iinfo(torch.int16).max else torch.int32/    return torch.int16 if n_lists <= 2 ** 16 else torch.int32/' $d/selection_blocks.py
 run selection_blocks "list_ids_fit" "int16 list ids past int16's range"
 for f in scores topn selection_blocks; do diff -q $d/$f.py /tmp/mut_$f.bak >/dev/null && echo "restored $f"; done

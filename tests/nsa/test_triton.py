@@ -550,12 +550,13 @@ def test_triton_topn_matches_select_topn(q_start, mode, seed, tiles):
 
 @pytest.mark.parametrize("case", ["spread", "one-bucket", "bucket-at-edge", "bucket-inside", "signed",
                                   "signed-zeros-on-top", "few-candidates"])
-@pytest.mark.parametrize("algo", ["filter", "filter-rounds", "filter-rank", "argmax"])
+@pytest.mark.parametrize("algo", ["filter", "filter-rounds", "filter-rank", "filter-rank-contiguous", "argmax"])
 def test_triton_topn_algorithms_are_exact(case, algo, seed, tiles):
     """Each top-n algorithm of topn._select_row against the PyTorch rule on rows of 120 blocks
-    (n = 5, 7 index bits; filter: chunks of 4, at most 16 compacted, then the exact rule over
-    them by int64 keys and one sort, by n arg-max rounds ("filter-rounds") or by all-pairs
-    ranks of the int64 keys ("filter-rank")):
+    (n = 5, 7 index bits; filter: 32 strided chunks of 4 (contiguous chunks with
+    "-contiguous"), at most 16 compacted, then the exact rule over them by int64 keys and one
+    sort, by n arg-max rounds ("filter-rounds") or by all-pairs ranks of the int64 keys
+    ("filter-rank")):
     scores spread out (the candidates decide); all in one truncation bucket (1.0 + k ulp,
     k < 2**7: the whole-row fallback decides, ties by index included); ~18 near-equal top scores
     in one bucket (across bitonic's 16th candidate, over filter's cap: fallback) or ~5 (inside:
@@ -566,7 +567,7 @@ def test_triton_topn_algorithms_are_exact(case, algo, seed, tiles):
     from nsa.selection import select_topn
 
     tiles(topn_algo=algo.split("-")[0], topn_cap=16, topn_split_rows=0, topn_sort64=algo == "filter",
-          topn_rank=algo == "filter-rank")
+          topn_rank=algo.startswith("filter-rank"), topn_lane_chunks=0 if algo.endswith("contiguous") else 32)
     b, hkv, tq, sel_block, n, nb = 1, 2, 15, 4, 5, 120
     q_start = nb * sel_block - tq if case != "few-candidates" else 30     # ~118 candidates, or 8-12
     g = torch.Generator().manual_seed(seed)
@@ -592,6 +593,21 @@ def test_triton_topn_algorithms_are_exact(case, algo, seed, tiles):
     q_pos = torch.arange(q_start, q_start + tq, device=DEV)
     want = select_topn(scores.permute(0, 2, 1, 3), q_pos, sel_block=sel_block, sel_count=n)
     assert torch.equal(ours.long(), want.long())
+
+
+def test_topn_lane_chunks_only_where_the_filter_and_its_compaction_fit():
+    """`sort_params` turns the lane form on for filter rows only: at least 32 blocks wide (the
+    compaction's [width / 32, 32] view) and a cap of at least n (`_write_any` sorts the cap's
+    slots into out[0:n]); rows the rounds take, or `lanes` off, keep it off."""
+    from nsa.backends.triton_kernels.topn import sort_params
+
+    on = dict(sel_count=16, algo="filter", cap=32, nchunk=32, sort64=False, rank=True, lanes=True)
+    assert sort_params(1024, **on)["LANES"] == 1 and sort_params(1024, **on)["CW"] == 32
+    assert sort_params(64, **on)["LANES"] == 1
+    assert sort_params(32, **on)["LANES"] == 0                        # <= cap: the rounds, no filter
+    assert sort_params(1024, **{**on, "lanes": False})["LANES"] == 0
+    assert sort_params(1024, **{**on, "algo": "argmax"})["LANES"] == 0
+    assert sort_params(1024, **{**on, "sel_count": 40, "cap": 32})["LANES"] == 0     # cap < n
 
 
 def test_topn_width_classes_cover_every_query_once():

@@ -63,6 +63,9 @@ def test_use_tiles_scopes_an_override_and_nests():
     ({"topn_cap": 24}, "topn_cap must be a power of two"),
     ({"topn_nchunk": 100}, "topn_nchunk must be a power of two"),
     ({"topn_ctas": 0}, "topn_ctas must be an int >= 1"),
+    ({"topn_lane_chunks": 48}, "topn_lane_chunks must be a power of two"),
+    ({"topn_maxnreg": 8}, r"topn_maxnreg must be 0 \(no cap\) or 16..255"),
+    ({"topn_maxnreg": 256}, "topn_maxnreg must be 0"),
 ])
 def test_tiles_reject_values_the_kernels_cannot_take(changes, match):
     with pytest.raises(ValueError, match=match):

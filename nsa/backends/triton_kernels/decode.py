@@ -270,8 +270,8 @@ def _dec_topn(PML, PSC, PSP, S, IDX, SYNC, TR, sib, sih, nch, NB, cur, nbh,
               NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, BG: tl.constexpr,
               NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
               ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
-              SORT64: tl.constexpr, ONCE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr,
-              TRACE: tl.constexpr):
+              SORT64: tl.constexpr, LANES: tl.constexpr, ONCE: tl.constexpr, PDL: tl.constexpr,
+              FLAGS: tl.constexpr, TRACE: tl.constexpr):
     """Per (sequence, KV group) `bh` (FLAGS: waits for its own group's chunks, SYNC[0][bh] = nch,
     instead of kernel A's whole grid, and counts itself done in SYNC[2][bh]): lse per head; group
     scores of blocks [0, NB) -> S[bh] (fp32): block `c*NBK + i` gets sum_h exp(m_c,h - lse_h) *
@@ -293,7 +293,7 @@ def _dec_topn(PML, PSC, PSP, S, IDX, SYNC, TR, sib, sih, nch, NB, cur, nbh,
     if TRACE:
         _stamp(TR, bh, 2, True)
     _topn_role(PML, PSC, PSP, S, IDX + b * sib + h * sih, bh, nch, NB, cur, NCH_HOST, DYN, BG, NBK, SW, N, BN, CB,
-               ALGO, IB, K2, CW, CAP, SORT64, ONCE, TR, TRACE)
+               ALGO, IB, K2, CW, CAP, SORT64, LANES, ONCE, TR, TRACE)
     if TRACE:
         _stamp(TR, bh, 3, True)
     if FLAGS:
@@ -304,7 +304,7 @@ def _dec_topn(PML, PSC, PSP, S, IDX, SYNC, TR, sib, sih, nch, NB, cur, nbh,
 def _topn_role(PML, PSC, PSP, S, out, bh, nch, NB, cur, NCH_HOST: tl.constexpr, DYN: tl.constexpr, BG: tl.constexpr,
                NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
                ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
-               SORT64: tl.constexpr, ONCE: tl.constexpr, TR, TRACE: tl.constexpr):
+               SORT64: tl.constexpr, LANES: tl.constexpr, ONCE: tl.constexpr, TR, TRACE: tl.constexpr):
     """Kernel B, r = 0: lse per head, the group's score row in S[bh] (`_scores_once` when the
     group's chunks fit ONCE, else `_scores_loop`), its top N -> `out`."""
     offs_g = tl.arange(0, BG)
@@ -321,7 +321,7 @@ def _topn_role(PML, PSC, PSP, S, out, bh, nch, NB, cur, NCH_HOST: tl.constexpr, 
     if TRACE:
         _stamp(TR, bh, 14, True)
     s = _row_scores(srow, srow, jz, NB, cur, 0)
-    _select_row(srow, srow, s, jz, NB, cur, out, srow + SW, N, BN, ALGO, IB, K2, CW, CAP, 0, SORT64)
+    _select_row(srow, srow, s, jz, NB, cur, out, srow + SW, N, BN, ALGO, IB, K2, CW, CAP, 0, SORT64, LANES)
     if TRACE:
         _stamp(TR, bh, 15, True)
 

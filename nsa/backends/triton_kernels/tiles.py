@@ -89,6 +89,13 @@ class Tiles:
     topn_cap: int = 32            # "filter": most candidates compacted per row (more: that row takes arg-max rounds
                                   # over the whole row); 32 with topn_rank (64: the ranks' 64 x 64 compares cost more)
     topn_nchunk: int = 256        # "filter": chunk maxima per row (chunks of max(4, blocks / this) blocks)
+    topn_lane_chunks: int = 32    # prefill "filter": this many strided chunks (a chunk's maximum within each lane) and the
+                                  # survivors compacted in lane order (topn._select_row, LANES); 0: contiguous chunks
+                                  # of topn_nchunk and a scan in block order (decode's kernel B keeps those)
+    topn_maxnreg: int = 128       # prefill top-n: registers per thread at most (ptxas maxnreg; 0: the compiler's
+                                  # choice, 239 for the 1024-block rows with lane chunks: 8 warps per SM). H100, 16/16
+                                  # heads at 64k, top-n 4.38 -> 3.80 ms with both; forward 18.08 -> 17.33
+                                  # (docs/perf-notes.md item 48)
     topn_sort64: bool = False     # prefill "filter": the exact rule over the compacted blocks by int64 keys and one
                                   # sort (topn.py); off: slower on the spill rows (64k: 2.11 against 1.85 ms at 64/4)
     topn_rank: bool = True        # prefill "filter": the exact rule over the compacted blocks by all-pairs ranks of
@@ -143,7 +150,7 @@ class Tiles:
             if value is None and f.name.endswith("_stages"):
                 continue
             # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
-            low = 0 if f.name in ("dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
+            low = 0 if f.name in ("topn_maxnreg", "topn_lane_chunks", "dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
                                   "selb_forced_min_group", "selb_part_cap") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
@@ -153,10 +160,13 @@ class Tiles:
                      "scr_bq", "scr_bk", "scr_warps", "selb_rows", "selb_warps", "selb_forced_rows", "selb_forced_warps",
                      "topn_warps", "dec_chunk",
                      "dec_warps", "dtop_warps", "dout_warps", "dblk_warps",
-                     "dec_max_blocks", "dout_cols", "dec_cb", "topn_cap", "dtop_cap", "topn_nchunk", "dtop_once"):
+                     "dec_max_blocks", "dout_cols", "dec_cb", "topn_cap", "dtop_cap", "topn_nchunk", "dtop_once",
+                     "topn_lane_chunks"):
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two (tl.arange sizes, warps), got {value}")
+        if self.topn_maxnreg and not 16 <= self.topn_maxnreg <= 255:
+            raise ValueError(f"Tiles.topn_maxnreg must be 0 (no cap) or 16..255 (ptxas' range), got {self.topn_maxnreg}")
         for name in ("cmp_bc", "win_bn", "lse_bc", "scr_bq", "scr_bk", "lse_rows", "selb_rows", "dec_chunk", "dout_cols",
                      "topn_cap", "dtop_cap", "selb_forced_rows"):
             if getattr(self, name) < 16:

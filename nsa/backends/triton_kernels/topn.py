@@ -93,7 +93,7 @@ def _keys(s, j, IB: tl.constexpr):
 @triton.jit
 def _select_row(row, sprow, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.constexpr, ALGO: tl.constexpr,
                 IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr, NBK: tl.constexpr,
-                SORT64: tl.constexpr):
+                SORT64: tl.constexpr, LANES: tl.constexpr):
     """The spec's top-`N` of one row (scores `s = _row_scores(row, sprow, j, ...)` at blocks `j`, the
     row's shape), written ascending to `out[0:N]`, -1 padded; exact (fp32 scores, ties to the
     lower index) in every `ALGO` (`sort_params` picks it and the sizes):
@@ -105,11 +105,20 @@ def _select_row(row, sprow, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.con
       of them, a few more for spread scores) are compacted in block order into `scr[0:CAP]` and
       the exact rule runs over them (SORT64 1: `_top_by_keys64`, 2: `_top_by_rank`, 0: `N`
       arg-max rounds); more than `CAP` (many near-equal scores): the arg-max rounds over the
-      whole row."""
+      whole row.
+    `LANES` (same blocks, fewer instructions in a warp whose lane `l` holds blocks `l, l + 32,
+    ...`): chunk `c` is the strided set `c, c + W / CW, ...`, so its maximum is a reduction
+    inside each lane; the survivors are compacted in (lane, then register) order by a scan over
+    each lane's registers and one over the lanes' counts, instead of one scan in block order
+    across the lanes for every register; `_write_any` puts the taken blocks back in ascending
+    order. Any partition into chunks keeps the filter exact: it only needs `N` distinct maxima."""
     if ALGO == 1:
         key = _keys(s, j, IB)
         W: tl.constexpr = 1 << IB
-        cmax = tl.max(tl.reshape(key, [W // CW, CW]), 1)
+        if LANES:
+            cmax = tl.max(tl.reshape(key, [CW, W // CW]), 0)                 # strided chunks
+        else:
+            cmax = tl.max(tl.reshape(key, [W // CW, CW]), 1)
         top = tl.topk(cmax, K2)                                             # K2 = np2(N) here
         tau = tl.sum(tl.where(tl.arange(0, K2) == N - 1, top, 0), 0)
         cand = (key > -2147483647) & ((key >> IB) >= (tau >> IB))
@@ -118,18 +127,28 @@ def _select_row(row, sprow, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.con
             _write_blocks(out, j, _take_top(s, j, N), N, BN)
         else:
             sp = scr.to(tl.pointer_type(tl.int32))     # decode passes a slice of its fp32 scratch
-            tl.store(sp + tl.cumsum(cand.to(tl.int32), 0) - 1, j, mask=cand)
+            if LANES:
+                c2 = tl.reshape(cand.to(tl.int32), [W // 32, 32])              # [register, lane]
+                per_lane = tl.sum(c2, 0)
+                slot = tl.cumsum(c2, 0) + (tl.cumsum(per_lane, 0) - per_lane)[None, :] - 1
+                tl.store(sp + tl.reshape(slot, [W]), j, mask=cand)
+            else:
+                tl.store(sp + tl.cumsum(cand.to(tl.int32), 0) - 1, j, mask=cand)
             tl.debug_barrier()
             c = tl.arange(0, CAP)
             jc = tl.load(sp + c, mask=c < count, other=2147483647)
             tl.debug_barrier()                      # every lane has read scr before it is reused
             sc = _row_scores(row, sprow, jc, NB, cur, NBK)
             if SORT64 == 2:
-                _write_blocks(out, jc, _top_by_rank(sc, jc, N), N, BN)
+                chosen = _top_by_rank(sc, jc, N)
             elif SORT64 == 1:
-                _write_blocks(out, jc, _top_by_keys64(sc, jc, N, K2), N, BN)
+                chosen = _top_by_keys64(sc, jc, N, K2)
             else:
-                _write_blocks(out, jc, _take_top(sc, jc, N), N, BN)
+                chosen = _take_top(sc, jc, N)
+            if LANES:
+                _write_any(out, jc, chosen, N)
+            else:
+                _write_blocks(out, jc, chosen, N, BN)
     else:
         _write_blocks(out, j, _take_top(s, j, N), N, BN)
 
@@ -174,6 +193,16 @@ def _write_blocks(out, j, chosen, N: tl.constexpr, BN: tl.constexpr):
     count = tl.sum(chosen.to(tl.int32), 0)
     offs_n = tl.arange(0, BN)
     tl.store(out + offs_n, tl.full([BN], -1, tl.int32), mask=(offs_n >= count) & (offs_n < N))
+
+
+@triton.jit
+def _write_any(out, j, chosen, N: tl.constexpr):
+    """`_write_blocks` for taken blocks `j` (distinct, at most `N`, `j.numel >= N`) in any order:
+    one sort of the taken blocks (the others as 2**31 - 1, last) puts them ascending in
+    `out[0:N]`, then -1."""
+    jo = tl.sort(tl.where(chosen, j, 2147483647))          # taken blocks first, ascending
+    c = tl.arange(0, j.numel)
+    tl.store(out + c, tl.where(jo == 2147483647, -1, jo), mask=c < N)
 
 
 @triton.jit
@@ -224,8 +253,8 @@ def _topn_merge(CS, CI, IDX, sib, sit, sih, NC,
 def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_start, t0, n_rows, iters,
           HKV: tl.constexpr, BH: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, BNB: tl.constexpr,
           BN: tl.constexpr, ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr,
-          CAP: tl.constexpr, NBK: tl.constexpr, SORT64: tl.constexpr, ITERS_HOST: tl.constexpr,
-          DYN: tl.constexpr):
+          CAP: tl.constexpr, NBK: tl.constexpr, SORT64: tl.constexpr, LANES: tl.constexpr,
+          ITERS_HOST: tl.constexpr, DYN: tl.constexpr):
     """Rows `pid, pid + P, ...` (`iters` of them at most) of the `n_rows` rows of group scores from
     query `t0` on (row `(t - t0) * BH + bh`), each with at most `BNB` candidates -> their `N`
     blocks: forced block 0, current and previous; then the highest scores among candidates
@@ -247,20 +276,23 @@ def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_st
             sprow = SP + b * spb + t * spt + h * sph
             s = _full_row_scores(row, sprow, NB, cur, BNB, NBK)
             _select_row(row, sprow, s, j, NB, cur, IDX + b * sib + t * sit + h * sih, scr, N, BN, ALGO, IB, K2, CW,
-                        CAP, NBK, SORT64)
+                        CAP, NBK, SORT64, LANES)
 
 
 def sort_params(width: int, sel_count: int, algo: str, cap: int, nchunk: int, sort64: bool,
-                rank: bool = False) -> dict[str, int]:
-    """`ALGO`, `IB` (index bits), `K2` (np2(n)), `CW`, `CAP`, `SORT64` of `_select_row` for rows of
-    `width` (a power of two) blocks: the filter's chunks hold CW = max(4, width / nchunk) blocks;
-    rows too short for it (<= cap blocks, or fewer than np2(n) chunks) take the arg-max rounds.
-    The rule over the filter's survivors: `SORT64` 2 with `rank` (all-pairs ranks), else 1 with
-    `sort64` (one int64 sort; needs cap >= np2(n)), else 0 (n arg-max rounds)."""
+                rank: bool = False, lanes: bool = False) -> dict[str, int]:
+    """`ALGO`, `IB` (index bits), `K2` (np2(n)), `CW`, `CAP`, `SORT64`, `LANES` of `_select_row` for
+    rows of `width` (a power of two) blocks: the filter's chunks hold CW = max(4, width / nchunk)
+    blocks (strided with `lanes`, contiguous without); rows too short for it (<= cap blocks, or
+    fewer than np2(n) chunks) take the arg-max rounds. The rule over the filter's survivors:
+    `SORT64` 2 with `rank` (all-pairs ranks), else 1 with `sort64` (one int64 sort; needs cap >=
+    np2(n)), else 0 (n arg-max rounds). `lanes` needs width >= 32 where the filter runs (its
+    compaction views the row as [width / 32, 32]) and cap >= n (`_write_any` sorts the cap slots)."""
     n2, cw = np2(sel_count, 1), max(4, width // nchunk)
     use = algo == "filter" and width > cap and width // cw >= n2
     return {"ALGO": int(use), "IB": max(width.bit_length() - 1, 1), "K2": n2, "CW": cw, "CAP": cap,
-            "SORT64": 2 if rank else int(sort64 and cap >= n2)}
+            "SORT64": 2 if rank else int(sort64 and cap >= n2),
+            "LANES": int(lanes and use and width >= 32 and cap >= sel_count)}
 
 
 def width_classes(q_start: int, tq: int, sel_block: int, width: int, low: int) -> list[tuple[int, int, int]]:
@@ -332,7 +364,9 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
                         sp.stride(1), sp.stride(2), idx.stride(0), idx.stride(1), idx.stride(2), nb, q_start, t_lo,
                         rows, iters, ITERS_HOST=0 if dyn else iters, DYN=dyn, HKV=hkv, BH=b * hkv, SEL=sel_block,
                         N=sel_count, BNB=w, BN=np2(sel_count, 16), NBK=nbk,
-                        **sort_params(w, sel_count, tiles.topn_algo, tiles.topn_cap, tiles.topn_nchunk,
-                                      tiles.topn_sort64, tiles.topn_rank),
-                        num_warps=tiles.topn_warps if w >= 1024 else 1)
+                        **sort_params(w, sel_count, tiles.topn_algo, tiles.topn_cap,
+                                      tiles.topn_lane_chunks or tiles.topn_nchunk, tiles.topn_sort64,
+                                      tiles.topn_rank, tiles.topn_lane_chunks > 0),
+                        num_warps=tiles.topn_warps if w >= 1024 else 1,
+                        **({"maxnreg": tiles.topn_maxnreg} if tiles.topn_maxnreg and not interpreting() else {}))
     return idx
