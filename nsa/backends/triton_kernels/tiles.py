@@ -96,10 +96,6 @@ class Tiles:
                                   # choice, 239 for the 1024-block rows with lane chunks: 8 warps per SM). H100, 16/16
                                   # heads at 64k, top-n 4.38 -> 3.80 ms with both; forward 18.08 -> 17.33
                                   # (docs/perf-notes.md item 48)
-    sel_maxnreg: int = 0          # registers per thread at most (ptxas maxnreg; 0: the compiler's choice) of the
-    selb_maxnreg: int = 0         # ... group-centric selection, block-centric selection, scores and window kernels
-    scr_maxnreg: int = 0
-    win_maxnreg: int = 0
     topn_sort64: bool = False     # prefill "filter": the exact rule over the compacted blocks by int64 keys and one
                                   # sort (topn.py); off: slower on the spill rows (64k: 2.11 against 1.85 ms at 64/4)
     topn_rank: bool = True        # prefill "filter": the exact rule over the compacted blocks by all-pairs ranks of
@@ -154,7 +150,7 @@ class Tiles:
             if value is None and f.name.endswith("_stages"):
                 continue
             # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
-            low = 0 if f.name.endswith("_maxnreg") or f.name in ("topn_lane_chunks", "dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
+            low = 0 if f.name in ("topn_maxnreg", "topn_lane_chunks", "dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
                                   "selb_forced_min_group", "selb_part_cap") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
@@ -169,10 +165,8 @@ class Tiles:
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two (tl.arange sizes, warps), got {value}")
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name.endswith("_maxnreg") and value and not 16 <= value <= 255:
-                raise ValueError(f"Tiles.{f.name} must be 0 (no cap) or 16..255 (ptxas' range), got {value}")
+        if self.topn_maxnreg and not 16 <= self.topn_maxnreg <= 255:
+            raise ValueError(f"Tiles.topn_maxnreg must be 0 (no cap) or 16..255 (ptxas' range), got {self.topn_maxnreg}")
         for name in ("cmp_bc", "win_bn", "lse_bc", "scr_bq", "scr_bk", "lse_rows", "selb_rows", "dec_chunk", "dout_cols",
                      "topn_cap", "dtop_cap", "selb_forced_rows"):
             if getattr(self, name) < 16:
@@ -184,9 +178,6 @@ class Tiles:
         stages = getattr(self, f"{prefix}_stages")
         if stages is not None:
             opts["num_stages"] = stages
-        maxnreg = getattr(self, f"{prefix}_maxnreg", 0)
-        if maxnreg and not interpreting():
-            opts["maxnreg"] = maxnreg
         return opts
 
 
