@@ -607,7 +607,9 @@ def test_topn_lane_chunks_only_where_the_filter_and_its_compaction_fit():
     assert sort_params(32, **on)["LANES"] == 0                        # <= cap: the rounds, no filter
     assert sort_params(1024, **{**on, "lanes": False})["LANES"] == 0
     assert sort_params(1024, **{**on, "algo": "argmax"})["LANES"] == 0
-    assert sort_params(1024, **{**on, "sel_count": 40, "cap": 32})["LANES"] == 0     # cap < n
+    wide = {**on, "sel_count": 40, "nchunk": 64}          # 64 chunks >= np2(40): the filter runs
+    assert sort_params(1024, **{**wide, "cap": 64})["LANES"] == 1
+    assert sort_params(1024, **wide)["ALGO"] == 1 and sort_params(1024, **wide)["LANES"] == 0      # cap 32 < n
 
 
 def test_topn_width_classes_cover_every_query_once():
