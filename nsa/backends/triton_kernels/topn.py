@@ -110,8 +110,7 @@ def _select_row(row, sprow, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.con
     ...`): chunk `c` is the strided set `c, c + W / CW, ...`, so its maximum is a reduction
     inside each lane; the survivors are compacted in (lane, then register) order by a scan over
     each lane's registers and one over the lanes' counts, instead of one scan in block order
-    across the lanes for every register, and their scores go to `scr[CAP:2 * CAP]` beside them
-    (not gathered from the row again); `_write_any` puts the taken blocks back in ascending
+    across the lanes for every register; `_write_any` puts the taken blocks back in ascending
     order. Any partition into chunks keeps the filter exact: it only needs `N` distinct maxima."""
     if ALGO == 1:
         key = _keys(s, j, IB)
@@ -132,19 +131,14 @@ def _select_row(row, sprow, s, j, NB, cur, out, scr, N: tl.constexpr, BN: tl.con
                 c2 = tl.reshape(cand.to(tl.int32), [W // 32, 32])              # [register, lane]
                 per_lane = tl.sum(c2, 0)
                 slot = tl.cumsum(c2, 0) + (tl.cumsum(per_lane, 0) - per_lane)[None, :] - 1
-                slot = tl.reshape(slot, [W])
-                tl.store(sp + slot, j, mask=cand)
-                tl.store((sp + CAP).to(tl.pointer_type(tl.float32)) + slot, s, mask=cand)
+                tl.store(sp + tl.reshape(slot, [W]), j, mask=cand)
             else:
                 tl.store(sp + tl.cumsum(cand.to(tl.int32), 0) - 1, j, mask=cand)
             tl.debug_barrier()
             c = tl.arange(0, CAP)
             jc = tl.load(sp + c, mask=c < count, other=2147483647)
-            if LANES:   # the survivors' scores beside them (scr holds 2 * CAP), not gathered again
-                sc = tl.load((sp + CAP).to(tl.pointer_type(tl.float32)) + c, mask=c < count, other=float("-inf"))
-            else:
-                sc = _row_scores(row, sprow, jc, NB, cur, NBK)
             tl.debug_barrier()                      # every lane has read scr before it is reused
+            sc = _row_scores(row, sprow, jc, NB, cur, NBK)
             if SORT64 == 2:
                 chosen = _top_by_rank(sc, jc, N)
             elif SORT64 == 1:
@@ -265,10 +259,10 @@ def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_st
     query `t0` on (row `(t - t0) * BH + bh`), each with at most `BNB` candidates -> their `N`
     blocks: forced block 0, current and previous; then the highest scores among candidates
     `j <= t // SEL`, ties to the lower index; ascending, -1 pad.
-    `SCR[pid]`: this program's `2 * CAP` ints of compaction scratch (the filter; `CAP` without LANES). `NBK > 0`: `SP`
+    `SCR[pid]`: this program's `CAP` ints of compaction scratch (the filter). `NBK > 0`: `SP`
     holds the scores kernel's key-tile spills (`_row_scores`)."""
     pid = tl.program_id(0)
-    scr = SCR + pid * (2 * CAP)
+    scr = SCR + pid * CAP
     j = tl.arange(0, BNB)
     for i in range(0, iters if DYN else ITERS_HOST):   # the interpreter loops over host ints only
         r = pid + i * tl.num_programs(0)
@@ -331,7 +325,7 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
     """Top-n block indices `[B, Tq, Hkv, sel_count]` (int32) from group scores `[B, Tq, Hkv, Nb]`:
     the rule of `nsa.selection.select_topn` (forced blocks, candidates `j <= t // l'`, ties to
     the lower index, ascending, -1 padded). Rows of many blocks: `Tiles.topn_ctas` programs per SM
-    walk the rows, each with `2 * topn_cap` ints of scratch for the filter (`_select_row`); few rows
+    walk the rows, each with `topn_cap` ints of scratch for the filter (`_select_row`); few rows
     (decode's separate-op path): two stages over chunks of `topn_chunk` blocks. `spill = (sp,
     nbk)`: scores from the scores kernel's spill mode (`compressed.compressed_select`): block
     `k * nbk` adds `sp[b, t, h, k - 1]`, and only each row's candidates are defined."""
@@ -361,7 +355,7 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
     # Rows by width: queries whose candidates (blocks <= t // sel_block) fit in `w` blocks run with
     # `w`-wide vectors (the filter's cost follows the width), one launch per width class.
     nprog_max = programs(scores.device, tiles.topn_ctas, b * tq * hkv)
-    scr = torch.empty(nprog_max, 2 * tiles.topn_cap, dtype=torch.int32, device=scores.device)
+    scr = torch.empty(nprog_max, tiles.topn_cap, dtype=torch.int32, device=scores.device)
     for t_lo, t_hi, w in width_classes(q_start, tq, sel_block, bnb, max(16, nbk)):
         rows = b * (t_hi - t_lo) * hkv
         nprog = programs(scores.device, tiles.topn_ctas, rows)
