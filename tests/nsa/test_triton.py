@@ -567,7 +567,7 @@ def test_triton_topn_algorithms_are_exact(case, algo, seed, tiles):
     from nsa.selection import select_topn
 
     tiles(topn_algo=algo.split("-")[0], topn_cap=16, topn_split_rows=0, topn_sort64=algo == "filter",
-          topn_rank=algo.startswith("filter-rank"), topn_lane_chunks=0 if algo.endswith("contiguous") else 32, topn_lane_min=0)
+          topn_rank=algo.startswith("filter-rank"), topn_lane_chunks=0 if algo.endswith("contiguous") else 32)
     b, hkv, tq, sel_block, n, nb = 1, 2, 15, 4, 5, 120
     q_start = nb * sel_block - tq if case != "few-candidates" else 30     # ~118 candidates, or 8-12
     g = torch.Generator().manual_seed(seed)

@@ -91,8 +91,7 @@ class Tiles:
     topn_nchunk: int = 256        # "filter": chunk maxima per row (chunks of max(4, blocks / this) blocks)
     topn_lane_chunks: int = 32    # prefill "filter": this many strided chunks (a chunk's maximum within each lane) and the
                                   # survivors compacted in lane order (topn._select_row, LANES); 0: contiguous chunks
-                                  # of topn_nchunk and a scan in block order (decode's kernel B keeps those) ...
-    topn_lane_min: int = 512      # ... for rows of at least this many blocks (narrower rows: 1% slower at 16k in lane form)
+                                  # of topn_nchunk and a scan in block order (decode's kernel B keeps those)
     topn_maxnreg: int = 128       # prefill top-n: registers per thread at most (ptxas maxnreg; 0: the compiler's
                                   # choice, 239 for the 1024-block rows with lane chunks: 8 warps per SM). H100, 16/16
                                   # heads at 64k, top-n 4.38 -> 3.80 ms with both; forward 18.08 -> 17.33
@@ -151,7 +150,7 @@ class Tiles:
             if value is None and f.name.endswith("_stages"):
                 continue
             # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
-            low = 0 if f.name in ("topn_maxnreg", "topn_lane_chunks", "topn_lane_min", "dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
+            low = 0 if f.name in ("topn_maxnreg", "topn_lane_chunks", "dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
                                   "selb_forced_min_group", "selb_part_cap") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
@@ -188,14 +187,12 @@ class Tiles:
 # and 32/8; results/h100/topn-lse/), not each shape's best (128/128/8 lse tiles win at 64k, 64/4,
 # and lose at 8k); the selection split knobs were set by reasoning. default: the same values,
 # unswept elsewhere. cpu: Triton's interpreter is slow per element, so the smallest tiles tl.dot
-# takes keep CPU tests quick; top-n's lane form from the narrowest filter rows, so the CPU tests'
-# short rows run it (the contiguous form stays under test through decode's kernel B and
-# test_triton_topn_algorithms_are_exact).
+# takes keep CPU tests quick.
 PROFILES: dict[str, Tiles] = {
     "sm90": Tiles(),
     "default": Tiles(),
     "cpu": Tiles(cmp_rows=16, cmp_bc=16, win_rows=16, win_bn=16, lse_rows=16, lse_bc=16, scr_bq=16, scr_bk=64,
-                 scr_qt=2, dec_chunk=64, topn_ctas=3, topn_lane_min=0),
+                 scr_qt=2, dec_chunk=64, topn_ctas=3),
 }
 
 _override: contextvars.ContextVar[Tiles | None] = contextvars.ContextVar("nsa_triton_tiles", default=None)

@@ -360,14 +360,13 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
         rows = b * (t_hi - t_lo) * hkv
         nprog = programs(scores.device, tiles.topn_ctas, rows)
         iters, dyn = triton.cdiv(rows, nprog), not interpreting()
-        lanes = tiles.topn_lane_chunks > 0 and w >= tiles.topn_lane_min
         _topn[(nprog,)](scores, sp, idx, scr, scores.stride(0), scores.stride(1), scores.stride(2), sp.stride(0),
                         sp.stride(1), sp.stride(2), idx.stride(0), idx.stride(1), idx.stride(2), nb, q_start, t_lo,
                         rows, iters, ITERS_HOST=0 if dyn else iters, DYN=dyn, HKV=hkv, BH=b * hkv, SEL=sel_block,
                         N=sel_count, BNB=w, BN=np2(sel_count, 16), NBK=nbk,
                         **sort_params(w, sel_count, tiles.topn_algo, tiles.topn_cap,
-                                      tiles.topn_lane_chunks if lanes else tiles.topn_nchunk, tiles.topn_sort64,
-                                      tiles.topn_rank, lanes),
+                                      tiles.topn_lane_chunks or tiles.topn_nchunk, tiles.topn_sort64,
+                                      tiles.topn_rank, tiles.topn_lane_chunks > 0),
                         num_warps=tiles.topn_warps if w >= 1024 else 1,
                         **({"maxnreg": tiles.topn_maxnreg} if tiles.topn_maxnreg and not interpreting() else {}))
     return idx
