@@ -93,9 +93,9 @@ class Tiles:
                                   # survivors compacted in lane order (topn._select_row, LANES); 0: contiguous chunks
                                   # of topn_nchunk and a scan in block order (decode's kernel B keeps those)
     topn_maxnreg: int = 128       # prefill top-n: registers per thread at most (ptxas maxnreg; 0: the compiler's
-                                  # choice, 239 for the 1024-block rows with lane chunks: 8 warps per SM). H100, 16/16
-                                  # heads at 64k, top-n 4.38 -> 3.80 ms with both; forward 18.08 -> 17.33
-                                  # (docs/perf-notes.md item 48)
+                                  # choice, 239 on the H100 for 1024-block rows in lane form with 64 chunks: 8 warps
+                                  # per SM). H100, 16/16 heads at 64k: top-n 4.38 -> 3.80 ms with 32 lane chunks and
+                                  # this cap; forward 18.08 -> 17.33 (docs/perf-notes.md item 48)
     topn_sort64: bool = False     # prefill "filter": the exact rule over the compacted blocks by int64 keys and one
                                   # sort (topn.py); off: slower on the spill rows (64k: 2.11 against 1.85 ms at 64/4)
     topn_rank: bool = True        # prefill "filter": the exact rule over the compacted blocks by all-pairs ranks of
