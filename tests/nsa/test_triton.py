@@ -598,7 +598,8 @@ def test_triton_topn_algorithms_are_exact(case, algo, seed, tiles):
 def test_topn_lane_chunks_only_where_the_filter_and_its_compaction_fit():
     """`sort_params` turns the lane form on for filter rows only: at least 32 blocks wide (the
     compaction's [width / 32, 32] view) and a cap of at least n (`_write_any` sorts the cap's
-    slots into out[0:n]); rows the rounds take, or `lanes` off, keep it off."""
+    slots into out[0:n]); rows the rounds take, or `lanes` off, keep it off. The filter itself
+    runs only on rows of `min_width` blocks or more."""
     from nsa.backends.triton_kernels.topn import sort_params
 
     on = dict(sel_count=16, algo="filter", cap=32, nchunk=32, sort64=False, rank=True, lanes=True)
@@ -607,6 +608,7 @@ def test_topn_lane_chunks_only_where_the_filter_and_its_compaction_fit():
     assert sort_params(32, **on)["LANES"] == 0                        # <= cap: the rounds, no filter
     assert sort_params(1024, **{**on, "lanes": False})["LANES"] == 0
     assert sort_params(1024, **{**on, "algo": "argmax"})["LANES"] == 0
+    assert sort_params(64, **on, min_width=128)["ALGO"] == 0 and sort_params(128, **on, min_width=128)["ALGO"] == 1
     wide = {**on, "sel_count": 40, "nchunk": 64}          # 64 chunks >= np2(40): the filter runs
     assert sort_params(1024, **{**wide, "cap": 64})["LANES"] == 1
     assert sort_params(1024, **wide)["ALGO"] == 1 and sort_params(1024, **wide)["LANES"] == 0      # cap 32 < n
@@ -636,7 +638,7 @@ def test_triton_topn_over_width_classes(seed, tiles):
     from nsa.backends.triton_kernels.topn import width_classes
     from nsa.selection import select_topn
 
-    tiles(topn_cap=16, topn_split_rows=0)
+    tiles(topn_cap=16, topn_split_rows=0, topn_filter_min=0)
     tq, sel_block, n = 300, 2, 5
     nb = (tq - 1) // sel_block + 1
     assert len(width_classes(0, tq, sel_block, 256, 16)) == 5

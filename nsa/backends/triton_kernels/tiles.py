@@ -88,6 +88,10 @@ class Tiles:
     topn_algo: str = "filter"     # prefill top-n rows: "argmax" or "filter" (both exact; topn._select_row)
     topn_cap: int = 32            # "filter": most candidates compacted per row (more: that row takes arg-max rounds
                                   # over the whole row); 32 with topn_rank (64: the ranks' 64 x 64 compares cost more)
+    topn_filter_min: int = 128    # prefill "filter": only rows of at least this many blocks (narrower: the rounds). At
+                                  # 64 blocks the filter has 16 chunks, so its threshold is the least chunk maximum and
+                                  # 46% of those rows passed the cap anyway; the rounds alone were 17% faster there
+                                  # (ncu, H100: 45.1 -> 37.2 us at 16/16 heads, 16k; docs/perf-notes.md item 48)
     topn_nchunk: int = 256        # "filter": chunk maxima per row (chunks of max(4, blocks / this) blocks)
     topn_lane_chunks: int = 32    # prefill "filter": this many strided chunks (a chunk's maximum within each lane) and the
                                   # survivors compacted in lane order (topn._select_row, LANES); 0: contiguous chunks
@@ -150,7 +154,7 @@ class Tiles:
             if value is None and f.name.endswith("_stages"):
                 continue
             # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
-            low = 0 if f.name in ("topn_maxnreg", "topn_lane_chunks", "dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
+            low = 0 if f.name in ("topn_filter_min", "topn_maxnreg", "topn_lane_chunks", "dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
                                   "selb_forced_min_group", "selb_part_cap") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"

@@ -280,16 +280,16 @@ def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_st
 
 
 def sort_params(width: int, sel_count: int, algo: str, cap: int, nchunk: int, sort64: bool,
-                rank: bool = False, lanes: bool = False) -> dict[str, int]:
+                rank: bool = False, lanes: bool = False, min_width: int = 0) -> dict[str, int]:
     """`ALGO`, `IB` (index bits), `K2` (np2(n)), `CW`, `CAP`, `SORT64`, `LANES` of `_select_row` for
     rows of `width` (a power of two) blocks: the filter's chunks hold CW = max(4, width / nchunk)
-    blocks (strided with `lanes`, contiguous without); rows too short for it (<= cap blocks, or
-    fewer than np2(n) chunks) take the arg-max rounds. The rule over the filter's survivors:
+    blocks (strided with `lanes`, contiguous without); rows too short for it (<= cap blocks,
+    fewer than np2(n) chunks, or under `min_width`) take the arg-max rounds. The rule over the filter's survivors:
     `SORT64` 2 with `rank` (all-pairs ranks), else 1 with `sort64` (one int64 sort; needs cap >=
     np2(n)), else 0 (n arg-max rounds). `lanes` needs width >= 32 where the filter runs (its
     compaction views the row as [width / 32, 32]) and cap >= n (`_write_any` sorts the cap slots)."""
     n2, cw = np2(sel_count, 1), max(4, width // nchunk)
-    use = algo == "filter" and width > cap and width // cw >= n2
+    use = algo == "filter" and width > cap and width // cw >= n2 and width >= min_width
     return {"ALGO": int(use), "IB": max(width.bit_length() - 1, 1), "K2": n2, "CW": cw, "CAP": cap,
             "SORT64": 2 if rank else int(sort64 and cap >= n2),
             "LANES": int(lanes and use and width >= 32 and cap >= sel_count)}
@@ -366,7 +366,7 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
                         N=sel_count, BNB=w, BN=np2(sel_count, 16), NBK=nbk,
                         **sort_params(w, sel_count, tiles.topn_algo, tiles.topn_cap,
                                       tiles.topn_lane_chunks or tiles.topn_nchunk, tiles.topn_sort64,
-                                      tiles.topn_rank, tiles.topn_lane_chunks > 0),
+                                      tiles.topn_rank, tiles.topn_lane_chunks > 0, tiles.topn_filter_min),
                         num_warps=tiles.topn_warps if w >= 1024 else 1,
                         **({"maxnreg": tiles.topn_maxnreg} if tiles.topn_maxnreg and not interpreting() else {}))
     return idx
