@@ -41,6 +41,8 @@ sed -i 's/    jo = tl.sort(tl.where(chosen, j, 2147483647))          # taken blo
 run topn "$L" "lane form: taken blocks written in compaction order"
 sed -i 's/            "LANES": int(lanes and use and width >= 32 and cap >= sel_count)}/            "LANES": int(lanes and use and width >= 32)}/' $d/topn.py
 run topn "lane_chunks_only" "lane form with a cap below n"
+sed -i 's/    use = algo == "filter" and width > cap and width \/\/ cw >= n2 and width >= min_width/    use = algo == "filter" and width > cap and width \/\/ cw >= n2/' $d/topn.py
+run topn "lane_chunks_only" "the filter on rows under topn_filter_min"
 sed -i 's/    return torch.int16 if n_lists <= torch.iinfo(torch.int16).max else torch.int32/    return torch.int16 if n_lists <= 2 ** 16 else torch.int32/' $d/selection_blocks.py
 run selection_blocks "list_ids_fit" "int16 list ids past int16's range"
 for f in scores topn selection_blocks; do diff -q $d/$f.py /tmp/mut_$f.bak >/dev/null && echo "restored $f"; done
