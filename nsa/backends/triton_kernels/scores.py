@@ -199,4 +199,3 @@ def _scores_tile(Q, LSE, S, SP, kt, b, h, pid_k, c0, t0, sqb, sqt, sqh, slb, slh
         edge = S + b * ssb + offs_q.to(tl.int64) * sst + h * ssh
         tl.atomic_add(edge + jb, first, mask=q_ok & (jb < NB), sem="relaxed")
         tl.atomic_add(edge + jb + NBK, spill, mask=q_ok & (jb + NBK < NB), sem="relaxed")
-

@@ -284,10 +284,11 @@ def sort_params(width: int, sel_count: int, algo: str, cap: int, nchunk: int, so
     """`ALGO`, `IB` (index bits), `K2` (np2(n)), `CW`, `CAP`, `SORT64`, `LANES` of `_select_row` for
     rows of `width` (a power of two) blocks: the filter's chunks hold CW = max(4, width / nchunk)
     blocks (strided with `lanes`, contiguous without); rows too short for it (<= cap blocks,
-    fewer than np2(n) chunks, or under `min_width`) take the arg-max rounds. The rule over the filter's survivors:
-    `SORT64` 2 with `rank` (all-pairs ranks), else 1 with `sort64` (one int64 sort; needs cap >=
-    np2(n)), else 0 (n arg-max rounds). `lanes` needs width >= 32 where the filter runs (its
-    compaction views the row as [width / 32, 32]) and cap >= n (`_write_any` sorts the cap slots)."""
+    fewer than np2(n) chunks, or under `min_width`) take the arg-max rounds. The rule over the
+    filter's survivors: `SORT64` 2 with `rank` (all-pairs ranks), else 1 with `sort64` (one
+    int64 sort; needs cap >= np2(n)), else 0 (n arg-max rounds). `lanes` needs width >= 32 where
+    the filter runs (its compaction views the row as [width / 32, 32]) and cap >= n
+    (`_write_any` sorts the cap slots)."""
     n2, cw = np2(sel_count, 1), max(4, width // nchunk)
     use = algo == "filter" and width > cap and width // cw >= n2 and width >= min_width
     return {"ALGO": int(use), "IB": max(width.bit_length() - 1, 1), "K2": n2, "CW": cw, "CAP": cap,
