@@ -92,9 +92,7 @@ def test_block_centric_selection_in_query_chunks(forced, seed, tiles):
     """Past `Tiles.selb_part_cap` the block-centric path runs in chunks of queries (here 7 of
     them, the last one short, the first at q_start > 0): each query's partials and merge are
     the same computation, so the output equals the unchunked one bit for bit, gated and not; and
-    the inversion's sort by int32 list ids (`selb_sort16` off) gives it too, as do the chunks
-    taken by (KV head, first query) or by first query (`selb_order` 1, 2; with one step of 16
-    rows several lists have more than one chunk)."""
+    the inversion's sort by int32 list ids (`selb_sort16` off) gives it too."""
     from nsa.backends.triton_kernels.selection_blocks import part_bytes_per_query
 
     shape = (1, 45, 8, 2, 16, 16)
@@ -108,10 +106,9 @@ def test_block_centric_selection_in_query_chunks(forced, seed, tiles):
     args = (q[:, t0:], k, v, idx[:, t0:])
     kw = dict(sel_block=16, scale=shape[4] ** -0.5, q_start=t0)
     outs = []
-    for cap, sort16, order in ((0, True, 0), (7 * part_bytes_per_query(1, 8, 5, 16, False, 4), True, 0),
-                               (0, False, 0), (0, True, 1), (0, True, 2)):
+    for cap, sort16 in ((0, True), (7 * part_bytes_per_query(1, 8, 5, 16, False, 4), True), (0, False)):
         tiles(selb_max_group=16, selb_min_rows=0, selb_rows=16, selb_forced_min_group=1 if forced else 0,
-              selb_part_cap=cap, selb_sort16=sort16, selb_order=order, selb_steps=1)
+              selb_part_cap=cap, selb_sort16=sort16)
         outs.append((ops.selected_attention(*args, sel_block=16, backend="triton", q_start=t0),
                      triton_nsa.selected_gated(*args, **kw, gates=gates, o_cmp=o_cmp, o_win=o_win)))
     for other in outs[1:]:

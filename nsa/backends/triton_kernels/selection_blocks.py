@@ -51,20 +51,18 @@ from nsa.selection import is_forced
 
 
 @triton.jit
-def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, PLIST, PERM, OP, LSEP,
+def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, PLIST, OP, LSEP,
               sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
               Tq, T_k, q_start, k_start, scale, NL, NBK,
               HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
               DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, STEPS: tl.constexpr, BDK: tl.constexpr,
-              BDV: tl.constexpr, IEEE: tl.constexpr, DYN: tl.constexpr, PERMUTE: tl.constexpr = False):
+              BDV: tl.constexpr, IEEE: tl.constexpr, DYN: tl.constexpr):
     """One chunk of up to STEPS * BQ entries of one (batch, KV head, block) list, BQ entries a
     step, the block's keys/values loaded once -> each row's partial: its output over the block,
     normalised, at `OP[row]` (the partials' dtype) and its log-sum-exp (natural log, -inf where the
     row sees no key of the block) at `LSEP[row]`, row = entry * G + head. DYN: the steps stop at
     the list's end (the interpreter runs all STEPS, masked)."""
     p = tl.program_id(0)
-    if PERMUTE:
-        p = tl.load(PERM + p)
     lo = tl.load(PLIST + p)        # the list whose chunks hold program p (NL: a spare program)
     if lo >= NL:
         return
@@ -294,24 +292,6 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
     return o
 
 
-def chunk_order(plist: Tensor, cstart: Tensor, lstart: Tensor, order: Tensor, per: int, n_lists: int, nbk: int,
-                tq: int, row_entries: int, mode: int) -> Tensor | None:
-    """The chunks (`plist`'s programs: list `plist[p]`, chunk `p - cstart[list]`) in the order
-    `Tiles.selb_order` asks (None: list by list, the programs' own order): 1 by (batch and KV head,
-    the chunk's first query), 2 by first query alone; spare programs last. Programs start about in
-    index order, so those running at once gather queries from one span of positions."""
-    if mode == 0:
-        return None
-    valid = plist < n_lists
-    lo = plist.clamp(max=n_lists - 1)
-    first = (lstart[lo] + (torch.arange(plist.numel(), device=plist.device) - cstart[lo]) * per)
-    first = first.clamp(max=order.numel() - 1)
-    t = (order[first] // row_entries) % tq
-    key = t if mode == 2 else (lo // nbk) * tq + t
-    key = torch.where(valid, key, torch.iinfo(torch.int64).max)
-    return torch.sort(key, stable=True)[1]
-
-
 def list_id_dtype(n_lists: int) -> torch.dtype:
     """The narrowest sort key for list ids `0 .. n_lists` (n_lists: the invalid slots' id):
     torch.sort's radix sort runs over every bit of the key, so int16 takes half the passes."""
@@ -351,14 +331,12 @@ def _selected_into(o: Tensor, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, s
     # Each program's list (CSTART[l] <= p < CSTART[l + 1]; n_lists past the last chunk), found
     # for all programs at once rather than by a chain of dependent loads in each.
     plist = torch.searchsorted(cstart, torch.arange(grid, device=q.device, dtype=torch.int64), right=True) - 1
-    perm = chunk_order(plist, cstart, lstart, order, per, n_lists, nbk, tq, hkv * n_sel, tiles.selb_order)
     _selb_fwd[(grid,)](
-        q, k, v, order, lstart, counts, cstart, plist, plist if perm is None else perm, part_o, part_lse,   # int64 entries: B*T*Hkv*n can pass 2**31
+        q, k, v, order, lstart, counts, cstart, plist, part_o, part_lse,   # int64 entries: B*T*Hkv*n can pass 2**31
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
         v.stride(2), tq, tk, q_start, k_start, scale, n_lists, nbk,
         HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, SEL=sel_block, DK=dk, DV=dv, BQ=bq,
         STEPS=tiles.selb_steps, BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32, DYN=not interpreting(),
-        PERMUTE=perm is not None,
         **tiles.launch("selb"))
     if forced:
         f_o = torch.empty(b * tq * hkv * group, dv, dtype=part_o.dtype, device=q.device)

@@ -78,9 +78,6 @@ class Tiles:
     selb_forced_rows: int = 64    # ... (query, head) rows per forced-block program (queries <= sel_block; 64 measured
                                   # faster than 32, 128 and 256 at 32/8)
     selb_forced_warps: int = 4
-    selb_order: int = 0           # block-centric: the order programs take the lists' chunks: 0 list by list; 1 by
-                                  # (KV head, first query of the chunk); 2 by first query alone (running programs
-                                  # gather queries from one span, so those rows stay in L2)
     selb_part_fp32: bool = False  # block-centric: partial outputs in fp32 (default: the input dtype; bf16 halves the
                                   # partials' traffic: 32/8 heads at 64k, results/h100/selb-bf16/)
     sel_split: int = 4            # decode: programs per row of the selection kernel (blocks split)
@@ -109,7 +106,6 @@ class Tiles:
                                   # int64 keys (topn._top_by_rank) instead of n arg-max rounds (H100, 64k, top-n with
                                   # topn_cap 32: 16/16 heads 4.78 -> 4.39 ms, 32/8 2.38 -> 2.15, 64/4 1.18 -> 1.09;
                                   # docs/perf-notes.md item 46)
-    topn_prefetch: bool = False   # prefill top-n: each program prefetches its next row into L2 (PTX prefetch.global.L2)
     topn_ctas: int = 256          # prefill top-n: programs per SM, each walking rows (its scratch: topn_cap ints)
     win_rows: int = 64            # sliding: (query, head) rows per program
     win_bn: int = 32              # sliding: keys per tile
@@ -151,7 +147,7 @@ class Tiles:
                 continue
             if f.name in ("score_carry", "cmp_lse", "cmp_fa3", "dec_fused", "dec_pdl", "topn_sort64",
                           "dtop_sort64", "selb_part_fp32", "cmp_fa3_g1", "dec_part_fp32", "dec_flags",
-                          "win_beside", "win_fa4", "scr_gather", "topn_rank", "selb_sort16", "topn_prefetch"):
+                          "win_beside", "win_fa4", "scr_gather", "topn_rank", "selb_sort16"):
                 if not isinstance(value, bool):
                     raise ValueError(f"Tiles.{f.name} must be a bool, got {value!r}")
                 continue
@@ -159,7 +155,7 @@ class Tiles:
                 continue
             # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
             low = 0 if f.name in ("topn_filter_min", "topn_maxnreg", "topn_lane_chunks", "dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
-                                  "selb_forced_min_group", "selb_part_cap", "selb_order") else 1
+                                  "selb_forced_min_group", "selb_part_cap") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
                                  "triton_kernels/tiles.py for the meaning of each field")

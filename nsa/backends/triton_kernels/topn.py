@@ -250,18 +250,11 @@ def _topn_merge(CS, CI, IDX, sib, sit, sih, NC,
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """`prefetch.global.L2` of each address of `ptrs` (a hint: no result, no fault)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_start, t0, n_rows, iters,
           HKV: tl.constexpr, BH: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, BNB: tl.constexpr,
           BN: tl.constexpr, ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr,
           CAP: tl.constexpr, NBK: tl.constexpr, SORT64: tl.constexpr, LANES: tl.constexpr,
-          ITERS_HOST: tl.constexpr, DYN: tl.constexpr, PREFETCH: tl.constexpr = False):
+          ITERS_HOST: tl.constexpr, DYN: tl.constexpr):
     """Rows `pid, pid + P, ...` (`iters` of them at most) of the `n_rows` rows of group scores from
     query `t0` on (row `(t - t0) * BH + bh`), each with at most `BNB` candidates -> their `N`
     blocks: forced block 0, current and previous; then the highest scores among candidates
@@ -281,15 +274,6 @@ def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_st
             cur = (q_start + t) // SEL
             row = S + b * ssb + t * sst + h * ssh
             sprow = SP + b * spb + t * spt + h * sph
-            if PREFETCH:     # the next row of this program into L2 while this one runs (one address a line)
-                rn = r + tl.num_programs(0)
-                if rn < n_rows:
-                    tn = t0 + (rn // BH).to(tl.int64)
-                    bhn = rn % BH
-                    rown = S + (bhn // HKV).to(tl.int64) * ssb + tn * sst + (bhn % HKV) * ssh
-                    cn = ((q_start + tn) // SEL + 1).to(tl.int32)        # its candidates: blocks < cn
-                    off = tl.arange(0, BNB // 32 if BNB >= 32 else 1) * 32
-                    _prefetch_l2(rown + tl.where(off < cn, off, 0))
             s = _full_row_scores(row, sprow, NB, cur, BNB, NBK)
             _select_row(row, sprow, s, j, NB, cur, IDX + b * sib + t * sit + h * sih, scr, N, BN, ALGO, IB, K2, CW,
                         CAP, NBK, SORT64, LANES)
@@ -384,7 +368,6 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
                         **sort_params(w, sel_count, tiles.topn_algo, tiles.topn_cap,
                                       tiles.topn_lane_chunks or tiles.topn_nchunk, tiles.topn_sort64,
                                       tiles.topn_rank, tiles.topn_lane_chunks > 0, tiles.topn_filter_min),
-                        PREFETCH=tiles.topn_prefetch and not interpreting(),
                         num_warps=tiles.topn_warps if w >= 1024 else 1,
                         **({"maxnreg": tiles.topn_maxnreg} if tiles.topn_maxnreg and not interpreting() else {}))
     return idx
