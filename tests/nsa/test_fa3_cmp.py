@@ -39,9 +39,10 @@ def fa3(monkeypatch):
     yield calls
 
 
-def _with_fa3(on: bool, min_group: int = 1, g1: bool = True):
+def _with_fa3(on: bool, min_group: int = 1, g1: bool = True, min_work: int = 0):
     base = triton_nsa.current_tiles(DEV)
-    return triton_nsa.use_tiles(dataclasses.replace(base, cmp_fa3=on, cmp_fa3_min_group=min_group, cmp_fa3_g1=g1))
+    return triton_nsa.use_tiles(dataclasses.replace(base, cmp_fa3=on, cmp_fa3_min_group=min_group, cmp_fa3_g1=g1,
+                                                    cmp_fa3_min_work=min_work))
 
 
 @pytest.mark.parametrize(("b", "t", "hq", "hkv", "d"), [(2, 77, 4, 2, 64), (1, 64, 8, 8, 64), (2, 78, 4, 4, 64),
@@ -109,3 +110,29 @@ def test_fa3_compressed_not_used_where_it_cannot_run(seed, fa3):
     with _with_fa3(True, 4, g1=False):
         triton_nsa.compressed_and_scores(q1, *x[1:], block=block, stride=stride, sel_block=16, scale=0.125)
     assert not fa3
+
+
+def test_fa3_compressed_only_from_its_work_floor(seed, fa3, monkeypatch):
+    """`Tiles.cmp_fa3_min_work`: a prefill with B * Hq * T**2 (here 2 * 4 * 40**2 = 12800) under the
+    floor keeps the Triton pass (small calls are bound by the host, where FA-3's call costs more
+    than it saves), one of exactly the floor takes FA-3, the default floor keeps it off FA-3;
+    the scores agree within the FA-3 tolerance. FA-3's entry point is spied (the real wheel on
+    the GPU logs nothing itself)."""
+    entered = []
+    real = fa3_cmp.output_and_lse
+    monkeypatch.setattr(fa3_cmp, "output_and_lse", lambda *a, **kw: entered.append(1) or real(*a, **kw))
+    block, stride = 8, 4
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
+    q, k, v = qkv(2, 40, 4, 2, 64, 64, dtype=dtype, device=DEV)
+    kc, vc = ops.compress_kv(k, v, block=block, stride=stride)
+    kw = dict(block=block, stride=stride, sel_block=16, scale=0.125)
+    with _with_fa3(True, min_work=12801):
+        _, s_off = triton_nsa.compressed_and_scores(q, kc, vc, **kw)
+    with triton_nsa.use_tiles(dataclasses.replace(triton_nsa.current_tiles(DEV), cmp_fa3_min_group=1)):
+        assert triton_nsa.current_tiles(DEV).cmp_fa3_min_work > 12800
+        triton_nsa.compressed_and_scores(q, kc, vc, **kw)
+    assert entered == [] and fa3 == []
+    with _with_fa3(True, min_work=12800):
+        _, s_on = triton_nsa.compressed_and_scores(q, kc, vc, **kw)
+    assert entered == [1]
+    assert torch.allclose(s_on, s_off, rtol=2e-3 if dtype == torch.bfloat16 else 1e-5, atol=1e-6)

@@ -84,8 +84,9 @@ def poisoned_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(common, "empty_out", nan_filled)
 
 
-def _with_fa4(on: bool):
-    return triton_nsa.use_tiles(dataclasses.replace(triton_nsa.current_tiles(DEV), win_fa4=on))
+def _with_fa4(on: bool, min_work: int = 0):
+    return triton_nsa.use_tiles(dataclasses.replace(triton_nsa.current_tiles(DEV), win_fa4=on,
+                                                    win_fa4_min_work=min_work))
 
 
 def _dtype():
@@ -214,3 +215,22 @@ def test_fa4_load_silences_only_the_cute_dsl_compile_warning(monkeypatch):
         warnings.warn("another warning", UserWarning, stacklevel=1)
     assert [str(w.message) for w in seen] == ["another warning"]
     assert fa4_win._QUIET == [True]
+
+
+def test_fa4_window_only_from_its_work_floor(seed, fa4):
+    """`Tiles.win_fa4_min_work`: a prefill with B * Hq * T**2 (here 2 * 4 * 40**2 = 12800) under the
+    floor keeps the band kernel (small calls are bound by the host, where FA-4's call costs more
+    than it saves), one of exactly the floor takes FA-4, the default floor keeps the band kernel;
+    both agree with the oracle."""
+    q, k, v = qkv(2, 40, 4, 2, 64, 64, dtype=_dtype(), device=DEV)
+    want = reference.sliding_window_attention(q, k, v, window=9)
+    tol = 1e-2 if q.dtype == torch.bfloat16 else 1e-5
+    with _with_fa4(True, min_work=12801):
+        assert rel_err(ops.sliding_window_attention(q, k, v, window=9, backend="triton"), want) < tol
+    with triton_nsa.use_tiles(dataclasses.replace(triton_nsa.current_tiles(DEV), win_fa4=True)):
+        assert triton_nsa.current_tiles(DEV).win_fa4_min_work > 12800
+        assert rel_err(ops.sliding_window_attention(q, k, v, window=9, backend="triton"), want) < tol
+    assert fa4 == []
+    with _with_fa4(True, min_work=12800):
+        assert rel_err(ops.sliding_window_attention(q, k, v, window=9, backend="triton"), want) < tol
+    assert fa4[0] == {"spy": True}

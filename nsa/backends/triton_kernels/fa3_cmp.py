@@ -22,7 +22,9 @@ stride reaches, hence the tiling there.)
 
 Where it runs: CUDA on sm90, bf16 (the wheel's build), head dims it has, `q_start == 0` (prefill),
 `Tiles.cmp_fa3`, GQA groups of at least `Tiles.cmp_fa3_min_group` heads or, with
-`Tiles.cmp_fa3_g1`, G = 1; else the caller runs its own kernel. Measured on the H100, whole
+`Tiles.cmp_fa3_g1`, G = 1, and `B * Hq * T**2` at least `Tiles.cmp_fa3_min_work` (smaller
+prefills are bound by the host, where this call's ~0.4-0.8 ms of Python and extra launches cost
+more than FA-3 saves); else the caller runs its own kernel. Measured on the H100, whole
 forward (results/h100/fa3-cmp, results/h100/fa3-g1): 64/4 heads at 64k 38.5 -> 35.7 ms, 128k
 113.7 -> 103.3 ms, 32/8 at 64k 36.9 -> 36.5 ms; 16/16 with tiled keys 30.1 -> 30.8 ms (the d
 copies of every KV head's compressed keys cost more than FA-3 saved), with the batch view

@@ -6,7 +6,9 @@ right edge. Layout `[B, T, H, D]` in and out, as ours; GQA by FA-4's own head ma
 
 Where it runs: CUDA on sm90, bf16, the head-dim pairs in `_DIMS` (each checked against the fp64
 oracle on the H100: tests/nsa/test_fa4_win.py), a prefill over the whole sequence (`q_start ==
-k_start == 0`, as many queries as keys), `Tiles.win_fa4`; else the caller runs the band kernel.
+k_start == 0`, as many queries as keys), `Tiles.win_fa4`, `B * Hq * T**2` at least
+`Tiles.win_fa4_min_work` (smaller prefills are bound by the host, and FA-4's call costs it
+~0.3-0.5 ms); else the caller runs the band kernel.
 FA-4 compiles a kernel per configuration on its first call in a process (3.0-3.6 s in the stored run,
 2.7-4.9 s over three runs of `fa4_window.py` on the H100); later calls reuse it.
 

@@ -5,8 +5,9 @@ group) whose rows are every (query, head) pair of the group, so each key/value t
 once for all heads and BTQ neighbouring queries (the selection kernel's one-query programs would
 load each key once per query: BTQ times the L2 traffic). Keys stream from the first query's
 window start to the last query under the band mask `t - w < s <= t`. Any GQA ratio, dk != dv.
-Prefill with FlashAttention-4 installed (sm90, bf16, `Tiles.win_fa4`): FA-4's local window
-instead (fa4_win.py), 1.2-1.8x faster on the H100.
+Prefill with FlashAttention-4 installed (sm90, bf16, `Tiles.win_fa4`, `B * Hq * T**2` at least
+`Tiles.win_fa4_min_work`): FA-4's local window instead (fa4_win.py), 1.2-1.8x faster on the H100;
+smaller prefills are bound by the host, where FA-4's call costs more than it saves.
 Decode (`sliding_decode`): the window's blocks as a block list through the selection kernel,
 whose few-rows split spreads one step over more programs than one program per group could.
 """
@@ -108,7 +109,8 @@ def sliding(q: Tensor, k: Tensor, v: Tensor, *, window: int, scale: float, q_sta
             tiles: Tiles) -> Tensor:
     """`q [B, Tq, Hq, dk]` (positions `q_start ..`) over `k/v [B, Tk, Hkv, d*]` (positions `k_start ..`)
     -> `[B, Tq, Hq, dv]`; a query with no visible key gets 0."""
-    if tiles.win_fa4 and q.shape[1] > 0 and fa4_win.usable(q, k, v, window=window, q_start=q_start, k_start=k_start):
+    if tiles.win_fa4 and q.shape[1] > 0 and q.shape[0] * q.shape[2] * q.shape[1] ** 2 >= tiles.win_fa4_min_work and \
+            fa4_win.usable(q, k, v, window=window, q_start=q_start, k_start=k_start):
         return fa4_win.sliding(q, k, v, window=window, scale=scale)
     b, tq, hq, dk = q.shape
     hkv, dv = k.shape[2], v.shape[-1]

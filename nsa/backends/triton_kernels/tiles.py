@@ -38,6 +38,11 @@ class Tiles:
     cmp_fa3: bool = True          # prefill: the one-pass output + log-sum-exp by FlashAttention-3 where installed (fa3_cmp.py)
     cmp_fa3_min_group: int = 4    # ... for GQA groups of at least this many heads (tiled keys; G=1 measured slower: fa3_cmp.py)
     cmp_fa3_g1: bool = True       # ... and for G = 1 with KV heads as FA-3's batch (no tiled keys: fa3_cmp.py)
+    cmp_fa3_min_work: int = 2**32  # ... for prefills with B * Hq * T**2 (query-head rows times keys, what the forward's
+                                  # work grows with) at least this; smaller ones are bound by the host, where FA-3's call
+                                  # costs more than it saves (H100, auto, both wheels -> own kernels: 64/4 heads 1k 1.94
+                                  # -> 1.18 ms, 4k 2.15 -> 1.52; 32/8 8k 3.62 -> 2.71; 16/16 8k 2.48 -> 1.95; at 2**32,
+                                  # 64/4 8k and 16/16 16k, the wheels 1-3% faster; docs/perf-notes.md item 49)
     lse_rows: int = 128           # one-pass kernel: (query, head) rows per program
     lse_bc: int = 32              # one-pass kernel: compressed keys per tile
     lse_warps: int = 8
@@ -117,6 +122,7 @@ class Tiles:
                                   # slower (results/h100/win-beside/)
     win_fa4: bool = True          # prefill: the window by FlashAttention-4 where installed, sm90 only (fa4_win.py;
                                   # the window at 64/4, 64k 3.53 -> 2.71 ms, dk 192 5.11 -> 3.01; results/h100/fa4-win/)
+    win_fa4_min_work: int = 2**32  # ... for prefills with B * Hq * T**2 at least this (as cmp_fa3_min_work)
     dec_fused: bool = True        # decode: the whole step in four launches (decode.py) where it applies
     dec_pdl: bool = True          # decode.py: kernels B, C, D by programmatic dependent launch (sm90+)
     dec_flags: bool = True        # ... each waiting for its own group's inputs (per-group counts), not the whole grid
@@ -154,7 +160,7 @@ class Tiles:
             if value is None and f.name.endswith("_stages"):
                 continue
             # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
-            low = 0 if f.name in ("topn_filter_min", "topn_maxnreg", "topn_lane_chunks", "dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
+            low = 0 if f.name in ("cmp_fa3_min_work", "win_fa4_min_work", "topn_filter_min", "topn_maxnreg", "topn_lane_chunks", "dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
                                   "selb_forced_min_group", "selb_part_cap") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
