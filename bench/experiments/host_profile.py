@@ -1,14 +1,22 @@
 """Host time of the whole NSA forward (`NSAAttention.attend`, what `backend="auto"` runs) at short
-lengths, where the GPU waits on the host: per call, the host's enqueue time (the call returns
-before the GPU is done) against the time to the GPU's end, both medians of back-to-back calls,
-then a cProfile of the enqueue over the same calls (functions by own time and by cumulative time).
+lengths, where the GPU waits on the host. Per cell and `Tiles` variant (as `forward_ab.py`'s
+`--variant LABEL:FIELD=VALUE,...`; none: the device's tiles), each variant alone, no interleaving
+(an interleaved A/B lets one variant's GPU time hide another's host time):
+- `enqueue_ms`: the host's time in the call (it returns before the GPU is done), median;
+- `latency_ms`: the call to the GPU's end, synchronised after every call, median;
+- `steady_ms`: `CALLS` calls back to back without a synchronisation, CUDA events around all of
+  them, divided by `CALLS` (max(host, GPU) per call once either side leads), median of 5;
+then, for the first variant, a cProfile of the enqueue (functions by own and cumulative time).
 Same inputs as `forward_ab.py` (bf16, seed 0, paper block sizes, one K/V per branch).
 
-    PYTHONPATH=$PWD OUT=<dir> python3 bench/experiments/host_profile.py NAME [T/HQ/HKV ...]
+    PYTHONPATH=$PWD OUT=<dir> python3 bench/experiments/host_profile.py NAME [T/HQ/HKV ...] \
+        [--variant LABEL:FIELD=VALUE,...]
 
 Writes `$OUT/NAME.json` (medians, ms) and `$OUT/NAME-T-HQ-HKV.prof.txt` (the two cProfile tables).
 """
+import argparse
 import cProfile
+import dataclasses
 import io
 import json
 import os
@@ -20,14 +28,16 @@ import time
 sys.path.insert(0, os.getcwd())
 import torch
 
+from bench.nsa_breakdown import _tile_changes
 from ci import atomic
 from nsa import NSAAttention, NSAConfig
+from nsa.backends import triton_nsa
 
 OUT = os.environ.get("OUT", "/tmp")
 CALLS = 60
 
 
-def cell(spec: str, name: str) -> dict:
+def cell(spec: str, name: str, variants: dict) -> dict:
     t, hq, hkv = (int(x) for x in spec.split("/"))
     g = torch.Generator(device="cuda").manual_seed(0)
 
@@ -38,41 +48,63 @@ def cell(spec: str, name: str) -> dict:
     kv = {n: (r(1, t, hkv, 128), r(1, t, hkv, 128)) for n in ("cmp", "sel", "win")}
     gates = torch.sigmoid(r(1, t, hq, 3))
     module = NSAAttention(NSAConfig(dim=256, n_heads=hq, n_kv_heads=hkv, head_dim_qk=128, head_dim_v=128)).cuda()
-    enqueue, total = [], []
-    with torch.no_grad():
-        for _ in range(10):                      # compile and warm up
-            module.attend(q, kv, gates)
-        torch.cuda.synchronize()
-        for _ in range(CALLS):
-            t0 = time.perf_counter()
-            module.attend(q, kv, gates)
-            t1 = time.perf_counter()
+    row = {"T": t, "heads": hq, "kv_heads": hkv, "calls": CALLS, "variants": {}}
+    for k, (label, tiles) in enumerate(variants.items()):
+        with torch.no_grad(), triton_nsa.use_tiles(tiles):
+            for _ in range(10):                      # compile and warm up
+                module.attend(q, kv, gates)
             torch.cuda.synchronize()
-            t2 = time.perf_counter()
-            enqueue.append((t1 - t0) * 1e3)
-            total.append((t2 - t0) * 1e3)
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(CALLS):
-            module.attend(q, kv, gates)
-        prof.disable()
-        torch.cuda.synchronize()
-    text = io.StringIO()
-    for key in ("tottime", "cumulative"):
-        pstats.Stats(prof, stream=text).sort_stats(key).print_stats(40)
-    atomic.write_text(os.path.join(OUT, f"{name}-{t}-{hq}-{hkv}.prof.txt"), text.getvalue())
-    return {"T": t, "heads": hq, "kv_heads": hkv, "calls": CALLS, "enqueue_ms": statistics.median(enqueue),
-            "to_gpu_end_ms": statistics.median(total)}
+            enqueue, latency, steady = [], [], []
+            for _ in range(CALLS):
+                t0 = time.perf_counter()
+                module.attend(q, kv, gates)
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                t2 = time.perf_counter()
+                enqueue.append((t1 - t0) * 1e3)
+                latency.append((t2 - t0) * 1e3)
+            for _ in range(5):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
+                for _ in range(CALLS):
+                    module.attend(q, kv, gates)
+                end.record()
+                torch.cuda.synchronize()
+                steady.append(start.elapsed_time(end) / CALLS)
+            row["variants"][label] = {"enqueue_ms": statistics.median(enqueue),
+                                      "latency_ms": statistics.median(latency), "steady_ms": statistics.median(steady)}
+            if k == 0:
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(CALLS):
+                    module.attend(q, kv, gates)
+                prof.disable()
+                torch.cuda.synchronize()
+                text = io.StringIO()
+                for key in ("tottime", "cumulative"):
+                    pstats.Stats(prof, stream=text).sort_stats(key).print_stats(40)
+                atomic.write_text(os.path.join(OUT, f"{name}-{t}-{hq}-{hkv}.prof.txt"), text.getvalue())
+    return row
 
 
 def main() -> None:
-    name, cells = sys.argv[1], sys.argv[2:] or ["1024/64/4", "4096/64/4"]
-    res = {"gpu": torch.cuda.get_device_name(), "cells": []}
-    for spec in cells:
-        row = cell(spec, name)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("name")
+    ap.add_argument("cells", nargs="*", default=["1024/64/4", "4096/64/4"], metavar="T/HQ/HKV")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL:FIELD=VALUE,...")
+    args = ap.parse_args()
+    base = triton_nsa.current_tiles("cuda")
+    variants = {}
+    for spec in args.variant or ["tiles:"]:
+        label, _, fields = spec.partition(":")
+        variants[label] = dataclasses.replace(base, **_tile_changes([p for p in fields.split(",") if p], base))
+    res = {"gpu": torch.cuda.get_device_name(), "variants": args.variant, "cells": []}
+    for spec in args.cells:
+        row = cell(spec, args.name, variants)
         res["cells"].append(row)
-        print(spec, row, flush=True)
-        atomic.write_text(os.path.join(OUT, f"{name}.json"), json.dumps(res, indent=1))
+        print(spec, {k: {m: round(x, 3) for m, x in v.items()} for k, v in row["variants"].items()}, flush=True)
+        atomic.write_text(os.path.join(OUT, f"{args.name}.json"), json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":
