@@ -234,8 +234,10 @@ def beside(side: Callable[[], Tensor | None], chain: Callable[[], Any],
            tiles: Tiles | None = None) -> Tensor:
     """`finish(side(), chain())`, with `side` (the prefill window branch) on a low-priority stream
     beside `chain` (the compressed pass, scores, top-n) on a high-priority one, where the device is
-    a GPU, `tiles.win_beside` is on and the call has at most `tiles.win_beside_rows` query rows
-    (`rows` = B * T; beyond, the measured gain turned into a loss): the side's programs take what the chain's kernels leave
+    a GPU, `tiles.win_beside` is on and the call has `tiles.win_beside_min_rows` to
+    `tiles.win_beside_rows` query rows (`rows` = B * T; beyond, the measured gain turned into a
+    loss; below, the host bounds the call and the streams' waits cost it more than the overlap
+    gives): the side's programs take what the chain's kernels leave
     idle (their tails, the gaps between top-n's launches), and the high priority keeps the chain,
     which gates everything after it, from waiting behind them. Elsewhere it runs `chain`, then
     `side`, then `finish` in order on the caller's stream.
@@ -253,7 +255,8 @@ def beside(side: Callable[[], Tensor | None], chain: Callable[[], Any],
     so no event is kept across calls."""
     dev = torch.device(device)
     tiles = tiles if tiles is not None else current(dev)
-    if dev.type != "cuda" or interpreting() or not tiles.win_beside or rows > tiles.win_beside_rows:
+    if dev.type != "cuda" or interpreting() or not tiles.win_beside or \
+            not tiles.win_beside_min_rows <= rows <= tiles.win_beside_rows:
         c = chain()
         return finish(side(), c)
     pair = _streams(dev)

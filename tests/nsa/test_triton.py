@@ -309,8 +309,9 @@ class _Logged(torch.cuda.Stream):
 def test_beside_orders_its_streams_on_gpu(tiles):
     """Each of the two streams waits for the caller's stream and for the last call's finish
     before side / chain run on them; the caller's stream waits for both (each records the event
-    it waits on) before finish; past `win_beside_rows` nothing runs on them."""
-    tiles(win_beside=True, win_beside_rows=100)
+    it waits on) before finish; past `win_beside_rows`, or under `win_beside_min_rows`, nothing
+    runs on them."""
+    tiles(win_beside=True, win_beside_rows=100, win_beside_min_rows=100)
     log = []
     high, low = _Logged(priority=-100), _Logged(priority=0)
     for stream, name in ((high, "high"), (low, "low")):
@@ -345,6 +346,9 @@ def test_beside_orders_its_streams_on_gpu(tiles):
         log.clear()
         triton_nsa.beside(side, chain, finish, device=DEV, rows=101)
         assert log == ["chain", "side", "finish"]
+        log.clear()
+        triton_nsa.beside(side, chain, finish, device=DEV, rows=99)
+        assert log == ["chain", "side", "finish"]
     finally:
         triton_nsa._STREAMS[dev] = own
 
@@ -355,7 +359,7 @@ def test_beside_joins_its_streams_on_gpu(slow, tiles):
     """Finish, on the caller's stream, sees what side and chain made when either is held back by
     a long sleep kernel on its own stream (and in order with win_beside off)."""
     for on in (True, False):
-        tiles(win_beside=on)
+        tiles(win_beside=on, win_beside_min_rows=0)
 
         def side():
             torch.cuda._sleep(40_000_000 if slow == "side" else 0)
@@ -374,7 +378,7 @@ def test_beside_joins_its_streams_on_gpu(slow, tiles):
 def test_beside_reuses_its_streams_memory_after_the_last_finish_on_gpu(tiles):
     """A call from another stream reuses the side's freed block only after the previous call's
     finish has read it (the event its streams wait for), not when its own caller's stream says."""
-    tiles(win_beside=True)
+    tiles(win_beside=True, win_beside_min_rows=0)
     n = 1 << 22
 
     def run(value, slow):
@@ -401,7 +405,7 @@ def test_beside_reuses_its_streams_memory_after_the_last_finish_on_gpu(tiles):
 def test_beside_memory_stays_flat_with_the_host_ahead_on_gpu(tiles):
     """Twenty calls enqueued far ahead of a slow GPU reuse one block for the side's output (with
     `record_stream` each call took a fresh one until the pool hit the device's limit)."""
-    tiles(win_beside=True)
+    tiles(win_beside=True, win_beside_min_rows=0)
     n = 1 << 24            # 64 MiB of fp32
 
     def chain():
@@ -436,7 +440,7 @@ def test_module_window_beside_equals_in_order_on_gpu(seed, tiles):
         base = triton_nsa.current_tiles(DEV)
         with triton_nsa.use_tiles(dataclasses.replace(base, win_beside=False)):
             ref = m.attend(q, kv, gates)
-        tiles(win_beside=True)
+        tiles(win_beside=True, win_beside_min_rows=0)
         assert torch.equal(m.attend(q, kv, gates), ref)
         graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()

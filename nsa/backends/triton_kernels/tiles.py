@@ -120,6 +120,9 @@ class Tiles:
                                   # scores and top-n on a high-priority one (triton_nsa.beside) ...
     win_beside_rows: int = 32768  # ... up to this many query rows (B * T): 64/4 heads, 8k-32k 1-4% faster, 128k ~1%
                                   # slower (results/h100/win-beside/)
+    win_beside_min_rows: int = 4096  # ... and from this many (fewer: host-bound, where the streams' waits and events
+                                  # cost more than the overlap gives: 1k-2k 0.1-0.4 ms slower, 4k 0.14 ms faster at
+                                  # 64/4; results/h100/wheel-floors/beside.json, docs/perf-notes.md item 49)
     win_fa4: bool = True          # prefill: the window by FlashAttention-4 where installed, sm90 only (fa4_win.py;
                                   # the window at 64/4, 64k 3.53 -> 2.71 ms, dk 192 5.11 -> 3.01; results/h100/fa4-win/)
     win_fa4_min_work: int = 2**32  # ... for prefills with B * Hq * T**2 at least this (as cmp_fa3_min_work)
@@ -160,7 +163,7 @@ class Tiles:
             if value is None and f.name.endswith("_stages"):
                 continue
             # The split thresholds may be 0 (never split); every size, count and warp is >= 1.
-            low = 0 if f.name in ("cmp_fa3_min_work", "win_fa4_min_work", "topn_filter_min", "topn_maxnreg", "topn_lane_chunks", "dtop_once", "win_beside_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
+            low = 0 if f.name in ("cmp_fa3_min_work", "win_fa4_min_work", "topn_filter_min", "topn_maxnreg", "topn_lane_chunks", "dtop_once", "win_beside_rows", "win_beside_min_rows", "sel_split_rows", "topn_split_rows", "selb_max_group", "selb_min_rows",
                                   "selb_forced_min_group", "selb_part_cap") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"Tiles.{f.name} must be an int >= {low}, got {value!r}; see nsa/backends/"
