@@ -64,7 +64,10 @@ class Tiles:
     selb_max_group: int = 8       # prefill selection block-centric (selection_blocks.py) for groups <= this; 0: never
                                   # (H100, 64/8 heads: 16k 10.48 -> 7.95 ms, 64k 57.4 -> 45.0; 64/4 slower: 39.1 ->
                                   # 43.7 at 64k; docs/perf-notes.md item 44)
-    selb_min_rows: int = 4096     # ... and at least this many (query, KV head) rows
+    selb_min_rows: int = 32768    # ... and at least this many (query, KV head) rows; fewer are bound by the host, where
+                                  # the inversion's torch ops cost more than the gathers they save (H100, steady ms,
+                                  # block-centric / group-centric: 32/8 heads 1k 2.22 / 0.98, 2k 2.36 / 1.19, 4k 2.29 /
+                                  # 2.23; 16/16 1k 1.85 / 1.04, 2k 2.00 / 2.04, 4k 2.55 / 4.07; wheel-floors/gcshort.json)
     selb_part_cap: int = 2**34    # block-centric: bytes of partials (n + 1 times the output) at most; longer prefills
                                   # run in chunks of queries under it (0: no cap). 16 GiB: 32/8 and 16/16 heads whole
                                   # to 64k, 64/8 in 2 chunks at 64k (45.0 ms; 4 GiB chunks: 45.6)
