@@ -67,7 +67,7 @@ class Tiles:
     selb_min_rows: int = 32768    # ... and at least this many (query, KV head) rows; fewer are bound by the host, where
                                   # the inversion's torch ops cost more than the gathers they save (H100, steady ms,
                                   # block-centric / group-centric: 32/8 heads 1k 2.22 / 0.98, 2k 2.36 / 1.19, 4k 2.29 /
-                                  # 2.23; 16/16 1k 1.85 / 1.04, 2k 2.00 / 2.04, 4k 2.55 / 4.07; wheel-floors/gcshort.json)
+                                  # 2.23; 16/16 1k 1.85 / 1.04, 2k 2.00 / 2.04, 4k 2.55 / 4.07; results/h100/wheel-floors/)
     selb_part_cap: int = 2**34    # block-centric: bytes of partials (n + 1 times the output) at most; longer prefills
                                   # run in chunks of queries under it (0: no cap). 16 GiB: 32/8 and 16/16 heads whole
                                   # to 64k, 64/8 in 2 chunks at 64k (45.0 ms; 4 GiB chunks: 45.6)
