@@ -56,6 +56,13 @@ def np2(x: int, floor: int = 16) -> int:
     return max(floor, triton.next_power_of_2(x))
 
 
+def prefill_work(q: Tensor) -> int:
+    """`B * Hq * T**2` of a prefill's queries `q [B, T, Hq, d]`: what its work grows with, the
+    measure both wheels' floors compare (`Tiles.cmp_fa3_min_work`, `win_fa4_min_work`)."""
+    b, t, hq = q.shape[0], q.shape[1], q.shape[2]
+    return b * hq * t * t
+
+
 def empty_out(*shape: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """The kernels' output allocation, one place: tests fill it with NaN to catch unwritten elements."""
     return torch.empty(*shape, dtype=dtype, device=device)

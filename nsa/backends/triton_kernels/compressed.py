@@ -370,7 +370,7 @@ def _compressed_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tenso
                     scale=scale, q_start=q_start + start, tiles=tiles)
 
     if tiles.cmp_fa3 and (group >= tiles.cmp_fa3_min_group or (group == 1 and tiles.cmp_fa3_g1)) and \
-            b * hq * tq * tq >= tiles.cmp_fa3_min_work and \
+            common.prefill_work(q) >= tiles.cmp_fa3_min_work and \
             _fa3.usable(q, k_cmp, v_cmp, block=block, stride=stride, q_start=q_start):
         _fa3.output_and_lse(q, k_cmp, v_cmp, o, lse, block=block, stride=stride, scale=scale, tail=one_pass)
     else:

@@ -109,7 +109,7 @@ def sliding(q: Tensor, k: Tensor, v: Tensor, *, window: int, scale: float, q_sta
             tiles: Tiles) -> Tensor:
     """`q [B, Tq, Hq, dk]` (positions `q_start ..`) over `k/v [B, Tk, Hkv, d*]` (positions `k_start ..`)
     -> `[B, Tq, Hq, dv]`; a query with no visible key gets 0."""
-    if tiles.win_fa4 and q.shape[1] > 0 and q.shape[0] * q.shape[2] * q.shape[1] ** 2 >= tiles.win_fa4_min_work and \
+    if tiles.win_fa4 and q.shape[1] > 0 and common.prefill_work(q) >= tiles.win_fa4_min_work and \
             fa4_win.usable(q, k, v, window=window, q_start=q_start, k_start=k_start):
         return fa4_win.sliding(q, k, v, window=window, scale=scale)
     b, tq, hq, dk = q.shape
