@@ -16,7 +16,6 @@ Writes `$OUT/NAME.json` (medians, ms) and `$OUT/NAME-T-HQ-HKV.prof.txt` (the two
 """
 import argparse
 import cProfile
-import dataclasses
 import io
 import json
 import os
@@ -28,7 +27,7 @@ import time
 sys.path.insert(0, os.getcwd())
 import torch
 
-from bench.nsa_breakdown import _tile_changes
+from bench.experiments.forward_ab import variants as tile_variants
 from ci import atomic
 from nsa import NSAAttention, NSAConfig
 from nsa.backends import triton_nsa
@@ -94,11 +93,7 @@ def main() -> None:
     ap.add_argument("cells", nargs="*", default=["1024/64/4", "4096/64/4"], metavar="T/HQ/HKV")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:FIELD=VALUE,...")
     args = ap.parse_args()
-    base = triton_nsa.current_tiles("cuda")
-    variants = {}
-    for spec in args.variant or ["tiles:"]:
-        label, _, fields = spec.partition(":")
-        variants[label] = dataclasses.replace(base, **_tile_changes([p for p in fields.split(",") if p], base))
+    variants = tile_variants(args.variant or ["tiles:"], triton_nsa.current_tiles("cuda"))
     res = {"gpu": torch.cuda.get_device_name(), "variants": args.variant, "cells": []}
     for spec in args.cells:
         row = cell(spec, args.name, variants)
