@@ -104,8 +104,13 @@ class NSAAttention(nn.Module):
 
     def plan(self, q: Tensor, kv: Mapping[str, tuple[Tensor, Tensor]], branches: Sequence[str] = BRANCHES,
              q_start: int = 0) -> dispatch.Plan:
-        """The dispatch plan of a prefill (or a chunk at `q_start`) for these projections."""
-        return dispatch.plan(self._calls(q, kv, None, None, branches, q_start), self.backend)
+        """The dispatch plan of a prefill (or a chunk at `q_start`) for these projections: the one
+        `attend` runs. It compresses the keys, as `attend` does, since the compressed call's shape
+        is part of the plan."""
+        kc = vc = None
+        if {"cmp", "sel"} & set(branches):
+            kc, vc = self.compress(*kv[self._kv_name("cmp")])
+        return dispatch.plan(self._calls(q, kv, kc, vc, branches, q_start), self.backend)
 
     def attend(self, q: Tensor, kv: dict[str, tuple[Tensor, Tensor]], gates: Tensor,
                branches: Sequence[str] = BRANCHES) -> Tensor:

@@ -130,3 +130,23 @@ def test_module_rejects_wrong_input():
         m(rand(1, 5, 31))
     with pytest.raises(ValueError, match="one token"):
         m.step(rand(1, 2, 32), m.new_cache())
+
+
+@pytest.mark.parametrize("backend,branches", [
+    ("auto", ("cmp", "sel", "win")), ({"win": "sdpa"}, ("cmp", "sel", "win")), ("auto", ("win",)),
+    ("auto", ("sel",)),
+], ids=["auto", "mapping", "win-only", "sel-only"])
+def test_plan_is_what_attend_runs(backend, branches, seed):
+    """`NSAAttention.plan` answers with the plan `attend` records for the same call (it once
+    passed no compressed keys, and the compressed call's class lookup failed on them)."""
+    from nsa import dispatch
+
+    m = NSAAttention(NSAConfig(**SMALL), backend=backend)
+    q = rand(1, 50, 4, 16)
+    kv = {n: (rand(1, 50, 2, 16), rand(1, 50, 2, 8)) for n in ("cmp", "sel", "win")}
+    planned = m.plan(q, kv, branches)
+    with torch.no_grad(), dispatch.recording() as rec:
+        m.attend(q, kv, torch.rand(1, 50, 4, 3), branches)
+    ran = [r for r in rec if r["op"] == "nsa_plan"]
+    assert len(ran) == 1 and ran[0]["backend"] == planned.label
+    assert set(planned.branches) == set(branches)
