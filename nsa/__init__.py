@@ -16,6 +16,7 @@ _PUBLIC = {
     "NSACache": "nsa.cache",
     "ReadCounts": "nsa.cache",
     "decode_read_budget": "nsa.cache",
+    "GraphedAttend": "nsa.graphs",
 }
 __all__ = list(_PUBLIC)
 

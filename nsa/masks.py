@@ -50,9 +50,12 @@ def selected_block_onehot(block_indices: Tensor, n_blocks: int) -> Tensor:
     return counts > 0
 
 
-def selected_mask(block_indices: Tensor, q_pos: Tensor, k_pos: Tensor, sel_block: int) -> Tensor:
-    """`[B, Hkv, Tq, Tk]`: key s visible to query t iff s's block is selected for t and `s <= t`."""
-    n_blocks = int(k_pos.max().item()) // sel_block + 1 if k_pos.numel() else 1
+def selected_mask(block_indices: Tensor, q_pos: Tensor, k_pos: Tensor, sel_block: int, n_blocks: int) -> Tensor:
+    """`[B, Hkv, Tq, Tk]`: key s visible to query t iff s's block is selected for t and `s <= t`.
+
+    `n_blocks`: selection blocks up to the last key position (`k_pos.max() // sel_block + 1`),
+    passed by the caller, who knows the positions, rather than read back from the GPU (a host
+    synchronisation, which would also keep the call out of a CUDA graph)."""
     onehot = selected_block_onehot(block_indices, n_blocks)          # [B, Tq, Hkv, Nb]
     by_key = onehot[..., k_pos // sel_block]                         # [B, Tq, Hkv, Tk]
     causal = k_pos[None, :] <= q_pos[:, None]                        # [Tq, Tk]

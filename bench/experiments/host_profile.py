@@ -6,16 +6,21 @@ lengths, where the GPU waits on the host. Per cell and `Tiles` variant (as `forw
 - `latency_ms`: the call to the GPU's end, synchronised after every call, median;
 - `steady_ms`: `CALLS` calls back to back without a synchronisation, CUDA events around all of
   them, divided by `CALLS` (max(host, GPU) per call once either side leads), median of 5;
-then, for the first variant, a cProfile of the enqueue (functions by own and cumulative time).
+- `graphed_ms`: the same for `nsa.GraphedAttend` (its input copies, one replay, its output copy),
+  after its capture, with the variant's tiles as given (not `Tiles.for_graphs`, its default), and `replay_ms` for the bare replay of its graph (the kernels' GPU time,
+  no host in the way); `graphed_equal`: whether its output equals the eager call's bit for bit;
+then, for the first variant and unless `--no-profile`, a cProfile of the enqueue (functions by own
+and cumulative time).
 Same inputs as `forward_ab.py` (bf16, seed 0, paper block sizes, one K/V per branch).
 
     PYTHONPATH=$PWD OUT=<dir> python3 bench/experiments/host_profile.py NAME [T/HQ/HKV ...] \
-        [--variant LABEL:FIELD=VALUE,...]
+        [--variant LABEL:FIELD=VALUE,...] [--no-profile]
 
 Writes `$OUT/NAME.json` (medians, ms) and `$OUT/NAME-T-HQ-HKV.prof.txt` (the two cProfile tables).
 """
 import argparse
 import cProfile
+import functools
 import io
 import json
 import os
@@ -29,14 +34,29 @@ import torch
 
 from bench.experiments.forward_ab import variants as tile_variants
 from ci import atomic
-from nsa import NSAAttention, NSAConfig
+from nsa import GraphedAttend, NSAAttention, NSAConfig
 from nsa.backends import triton_nsa
 
 OUT = os.environ.get("OUT", "/tmp")
 CALLS = 60
 
 
-def cell(spec: str, name: str, variants: dict) -> dict:
+def steady(fn) -> float:
+    """Median over 5 of (CUDA events around `CALLS` back-to-back calls) / `CALLS`, ms."""
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(CALLS):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / CALLS)
+    return statistics.median(times)
+
+
+def cell(spec: str, name: str, variants: dict, profile: bool = True) -> dict:
     t, hq, hkv = (int(x) for x in spec.split("/"))
     g = torch.Generator(device="cuda").manual_seed(0)
 
@@ -53,7 +73,7 @@ def cell(spec: str, name: str, variants: dict) -> dict:
             for _ in range(10):                      # compile and warm up
                 module.attend(q, kv, gates)
             torch.cuda.synchronize()
-            enqueue, latency, steady = [], [], []
+            enqueue, latency = [], []
             for _ in range(CALLS):
                 t0 = time.perf_counter()
                 module.attend(q, kv, gates)
@@ -62,18 +82,16 @@ def cell(spec: str, name: str, variants: dict) -> dict:
                 t2 = time.perf_counter()
                 enqueue.append((t1 - t0) * 1e3)
                 latency.append((t2 - t0) * 1e3)
-            for _ in range(5):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                torch.cuda.synchronize()
-                start.record()
-                for _ in range(CALLS):
-                    module.attend(q, kv, gates)
-                end.record()
-                torch.cuda.synchronize()
-                steady.append(start.elapsed_time(end) / CALLS)
+            eager = steady(lambda: module.attend(q, kv, gates))
+            graphed = GraphedAttend(module, tiles=tiles)     # the variant's tiles as they are
+            equal = torch.equal(graphed(q, kv, gates), module.attend(q, kv, gates))
+            graph = next(iter(graphed._graphs.values())).graph
             row["variants"][label] = {"enqueue_ms": statistics.median(enqueue),
-                                      "latency_ms": statistics.median(latency), "steady_ms": statistics.median(steady)}
-            if k == 0:
+                                      "latency_ms": statistics.median(latency), "steady_ms": eager,
+                                      "graphed_ms": steady(functools.partial(graphed, q, kv, gates)),
+                                      "replay_ms": steady(graph.replay), "graphed_equal": equal}
+            del graphed, graph      # its graph's memory, before the next variant's
+            if k == 0 and profile:
                 prof = cProfile.Profile()
                 prof.enable()
                 for _ in range(CALLS):
@@ -92,11 +110,12 @@ def main() -> None:
     ap.add_argument("name")
     ap.add_argument("cells", nargs="*", default=["1024/64/4", "4096/64/4"], metavar="T/HQ/HKV")
     ap.add_argument("--variant", action="append", default=[], metavar="LABEL:FIELD=VALUE,...")
+    ap.add_argument("--no-profile", action="store_true", help="skip the cProfile tables (one file per cell)")
     args = ap.parse_args()
     variants = tile_variants(args.variant or ["tiles:"], triton_nsa.current_tiles("cuda"))
     res = {"gpu": torch.cuda.get_device_name(), "variants": args.variant, "cells": []}
     for spec in args.cells:
-        row = cell(spec, args.name, variants)
+        row = cell(spec, args.name, variants, profile=not args.no_profile)
         res["cells"].append(row)
         print(spec, {k: {m: round(x, 3) for m, x in v.items()} for k, v in row["variants"].items()}, flush=True)
         atomic.write_text(os.path.join(OUT, f"{args.name}.json"), json.dumps(res, indent=1))

@@ -113,3 +113,13 @@ def run(name: str, call: AttnCall) -> Tensor:
     if reason is not None:
         raise BackendError(f"backend {resolved!r} cannot run this {call.op} call: {reason}")
     return getattr(module(resolved), call.op)(call)
+
+
+def shape_cached(cached: Any, *args: Any) -> Any:
+    """`cached(*args)` (a functools cache of tensors built from shapes alone, such as masks), except
+    while the current CUDA stream is capturing a graph: then the uncached function, so the tensor
+    lives in the graph's own pool. A graph reads the memory it was captured with on every replay;
+    a cached tensor could be evicted and its memory reused while the graph still runs."""
+    if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        return cached.__wrapped__(*args)
+    return cached(*args)

@@ -12,7 +12,7 @@ import functools
 import torch
 from torch import Tensor
 
-from nsa.backends import AttnCall
+from nsa.backends import AttnCall, shape_cached
 from nsa.masks import cmp_visible_count, positions, selected_block_onehot
 
 
@@ -76,8 +76,8 @@ def _attend(call: AttnCall, mask_mod, b: int | None, h: int | None, block_mask=N
 
 
 def sliding(call: AttnCall) -> Tensor:
-    bm = _static_block_mask("sliding", call.q_start, call.k_start, call.window, 0, call.q.shape[1],
-                            call.k.shape[1], str(call.q.device))
+    bm = shape_cached(_static_block_mask, "sliding", call.q_start, call.k_start, call.window, 0, call.q.shape[1],
+                      call.k.shape[1], str(call.q.device))
     return _attend(call, None, None, None, bm)
 
 
@@ -86,7 +86,8 @@ def compressed(call: AttnCall) -> Tensor:
     if call.k.shape[1] == 0:
         return call.q.new_zeros(*call.q.shape[:3], call.v.shape[-1])
 
-    bm = _static_block_mask("compressed", q0, 0, block, stride, call.q.shape[1], call.k.shape[1], str(call.q.device))
+    bm = shape_cached(_static_block_mask, "compressed", q0, 0, block, stride, call.q.shape[1], call.k.shape[1],
+                      str(call.q.device))
     out = _attend(call, None, None, None, bm)
     empty = cmp_visible_count(positions(q0, call.q.shape[1], call.q.device), block, stride) == 0
     return out.masked_fill(empty[None, :, None, None], 0.0)

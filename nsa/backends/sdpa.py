@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nsa.backends import AttnCall
+from nsa.backends import AttnCall, shape_cached
 from nsa.masks import compressed_mask, n_compressed, positions, selected_mask, selected_tokens, sliding_mask
 
 # Largest whole-sequence mask (Tq * Tk elements) the short path builds; above it, query chunks.
@@ -99,12 +99,14 @@ def selected_chunk(bsz: int, hq: int, hkv: int, tq: int, n_tokens: int, dk: int,
 
 
 def fix_empty_rows(mask: Tensor) -> tuple[Tensor, Tensor | None]:
-    """Give rows with no visible key key 0 (a softmax over nothing is NaN); return the rows to zero."""
-    empty = ~mask.any(dim=-1, keepdim=True)                       # [..., Tq, 1]
-    if mask.shape[-1] == 0 or not bool(empty.any()):
+    """Give rows with no visible key key 0 (a softmax over nothing is NaN); return the rows to zero.
+
+    Done whether or not a row is empty: asking first would read a flag back from the GPU, a host
+    synchronisation per call that also keeps the call out of a CUDA graph (nsa.graphs)."""
+    if mask.shape[-1] == 0:
         return mask, None
-    first = torch.zeros(mask.shape[-1], dtype=torch.bool, device=mask.device)
-    first[0] = True
+    empty = ~mask.any(dim=-1, keepdim=True)                       # [..., Tq, 1]
+    first = torch.arange(mask.shape[-1], device=mask.device) == 0   # no host-to-device write
     return mask | (empty & first), empty
 
 
@@ -145,7 +147,7 @@ def sliding(call: AttnCall) -> Tensor:
     tq, tk = q.shape[1], k.shape[1]
     dev = str(q.device)
     if use_full_mask(tq, tk):
-        fixed = _static_mask("sliding", call.q_start, call.k_start, w, 0, tq, tk, dev)
+        fixed = shape_cached(_static_mask, "sliding", call.q_start, call.k_start, w, 0, tq, tk, dev)
         return masked_attention(q, k, v, fixed[0], call.scale, fixed)
     c = sliding_chunk(q.shape[0], q.shape[2], tq, w)
     out = q.new_zeros(*q.shape[:3], v.shape[-1])
@@ -161,7 +163,7 @@ def sliding(call: AttnCall) -> Tensor:
             # A full chunk whose whole key span exists: the same relative band every time (query
             # i reads keys i .. i + w - 1 of the span), and each query sees itself, so no empty row.
             if inner is None:
-                inner = _static_mask("sliding", w - 1, 0, w, 0, c, c + w - 1, dev)
+                inner = shape_cached(_static_mask, "sliding", w - 1, 0, w, 0, c, c + w - 1, dev)
             fixed = inner
         else:
             q_pos = positions(call.q_start + c0, c1 - c0, dev)
@@ -179,7 +181,7 @@ def compressed(call: AttnCall) -> Tensor:
     tq, tc = q.shape[1], k.shape[1]
     dev = str(q.device)
     if use_full_mask(tq, tc):
-        fixed = _static_mask("compressed", call.q_start, 0, blk, d, tq, tc, dev)
+        fixed = shape_cached(_static_mask, "compressed", call.q_start, 0, blk, d, tq, tc, dev)
         return masked_attention(q, k, v, fixed[0], call.scale, fixed)
     c = compressed_chunk(q.shape[0], q.shape[2], tq, tc)
     out = q.new_zeros(*q.shape[:3], v.shape[-1])
@@ -190,7 +192,7 @@ def compressed(call: AttnCall) -> Tensor:
             continue                                             # nothing visible: stays 0
         mask = compressed_mask(positions(call.q_start + c0, c1 - c0, dev), m, blk, d)
         # Only a chunk whose first query precedes position l - 1 has empty rows: decided on ints,
-        # so the other chunks skip fix_empty_rows' device sync.
+        # so the other chunks skip fix_empty_rows' pass over the mask.
         fixed = fix_empty_rows(mask) if n_compressed(call.q_start + c0 + 1, blk, d) == 0 else (mask, None)
         out[:, c0:c1] = masked_attention(q[:, c0:c1], k[:, :m], v[:, :m], mask, call.scale, fixed)
     return out
@@ -209,12 +211,13 @@ def selected(call: AttnCall) -> Tensor:
     bsz, tq, hq, _ = q.shape
     group = hq // k.shape[2]
     k_pos = positions(call.k_start, k.shape[1], q.device)
+    n_blocks = (call.k_start + k.shape[1] - 1) // call.sel_block + 1 if k.shape[1] else 1
     chunk = max(1, CHUNK_ELEMENTS // max(1, bsz * hq * k.shape[1]))
     out = []
     for c0 in range(0, tq, chunk):
         c1 = min(tq, c0 + chunk)
         q_pos = positions(call.q_start + c0, c1 - c0, q.device)
-        mask = selected_mask(call.block_indices[:, c0:c1], q_pos, k_pos, call.sel_block)
+        mask = selected_mask(call.block_indices[:, c0:c1], q_pos, k_pos, call.sel_block, n_blocks)
         mask = mask.repeat_interleave(group, dim=1)               # [B, Hq, C, Tk]
         out.append(masked_attention(q[:, c0:c1], k, v, mask, call.scale))
     return torch.cat(out, dim=1)

@@ -188,6 +188,12 @@ class Tiles:
             if getattr(self, name) < 16:
                 raise ValueError(f"Tiles.{name} must be >= 16 (tl.dot's smallest tile), got {getattr(self, name)}")
 
+    def for_graphs(self) -> Tiles:
+        """These tiles with the floors that only the host's time justifies lifted (HOST_FLOORS):
+        a CUDA graph replay (nsa.graphs) has no host time, so the kernels a short call would
+        have taken but for it are the faster ones there."""
+        return dataclasses.replace(self, **dict.fromkeys(HOST_FLOORS, 0))
+
     def launch(self, prefix: str) -> dict[str, int]:
         """`num_warps` / `num_stages` of kernel family `prefix` (cmp, sel, split, win, lse, scr, selb, dec, dblk)."""
         opts = {"num_warps": getattr(self, f"{prefix}_warps")}
@@ -196,6 +202,14 @@ class Tiles:
             opts["num_stages"] = stages
         return opts
 
+
+# The floors set because a short eager call is bound by the host (Python, launches, torch ops),
+# not by its kernels: Tiles.for_graphs lifts them for CUDA graph replays. Replayed on the H100
+# (results/h100/graphs/): selb_min_rows at 0 took 16/16 heads at 1k from 1.01 to 0.25 ms and 32/8
+# at 2k from 1.15 to 0.60; win_beside_min_rows at 0 gave 64/4 at 2k 0.96 -> 0.91 and 1k 0.58 ->
+# 0.60. The wheels' work floors stay: lifted, FA-3 and FA-4 made 64/4 at 2k-4k and 32/8 at 2k 4-5%
+# slower even replayed, and 64/4 at 1k 7% faster.
+HOST_FLOORS = ("selb_min_rows", "win_beside_min_rows")
 
 # sm90: what bench/triton_tiles.py measured best on the H100 (cmp/sel tiles, warps, stages, the
 # decode split and step, the top-n algorithm and grid; results/h100/). `lse_*` and `win_*`: the one
