@@ -192,6 +192,10 @@ def test_graphed_captures_with_the_host_floors_lifted():
     base = tiles_mod.current("cpu")
     lifted = base.for_graphs()
     assert all(getattr(lifted, f) == 0 for f in tiles_mod.HOST_FLOORS)
+    # What the replayed measurements decided (results/h100/graphs/): the block-centric selection
+    # and the window beside the chain at any length; the wheels only above their work floors.
+    assert (lifted.selb_min_rows, lifted.win_beside_min_rows) == (0, 0)
+    assert (lifted.cmp_fa3_min_work, lifted.win_fa4_min_work) == (base.cmp_fa3_min_work, base.win_fa4_min_work) > (0, 0)
     assert all(getattr(base, f) > 0 for f in tiles_mod.HOST_FLOORS)
     assert dataclasses.replace(lifted, **{f: getattr(base, f) for f in tiles_mod.HOST_FLOORS}) == base
     q, kv, gates = _inputs(40, 4, 2, 16, 8, device="cpu")
@@ -207,17 +211,27 @@ def test_graphed_captures_with_the_host_floors_lifted():
 
 @pytest.mark.gpu
 def test_graphed_owns_the_masks_it_reads_on_gpu(seed):
-    """Masked SDPA caches its band masks per shape; a graph captured with them must not read a
-    cached mask that was evicted and whose memory went to someone else (nsa.backends.shape_cached)."""
+    """Masked SDPA caches its band masks per shape; a graph must not read the cached ones, which
+    can be evicted and their memory reused while the graph still replays
+    (nsa.backends.shape_cached). Here the cached masks are overwritten in place ("all visible")
+    after the capture: the replay must not see it."""
     from nsa.backends import sdpa
+    from nsa.masks import n_compressed
 
     attn = NSAAttention(NSAConfig(**SMALL), backend="sdpa").to(DEV)
     graphed = GraphedAttend(attn)
+    c = attn.config
+    t, dev = 300, str(torch.device(DEV, torch.cuda.current_device()))
     with torch.no_grad():
-        graphed(*_inputs(300, 4, 2, 16, 8))
-        sdpa._static_mask.cache_clear()
-        junk = [torch.ones(1 << 16, dtype=torch.bool, device=DEV) for _ in range(64)]   # takes the freed blocks
-        fresh = _inputs(300, 4, 2, 16, 8)
-        assert torch.equal(graphed(*fresh), _eager(attn, *fresh))
+        graphed(*_inputs(t, 4, 2, 16, 8))
+        fresh = _inputs(t, 4, 2, 16, 8)
+        expect = _eager(attn, *fresh)
+        misses = sdpa._static_mask.cache_info().misses
+        for args in (("sliding", 0, 0, c.window, 0, t, t, dev),
+                     ("compressed", 0, 0, c.cmp_block, c.cmp_stride, t, n_compressed(t, c.cmp_block, c.cmp_stride), dev)):
+            assert sdpa.use_full_mask(args[5], args[6])       # the cached path is the one taken
+            sdpa._static_mask(*args)[0].fill_(True)
+        assert sdpa._static_mask.cache_info().misses == misses   # both were the cached masks
+        assert torch.equal(graphed(*fresh), expect)
         assert graphed.captures == 1
-    del junk
+    sdpa._static_mask.cache_clear()
