@@ -235,3 +235,27 @@ def test_graphed_owns_the_masks_it_reads_on_gpu(seed):
         assert torch.equal(graphed(*fresh), expect)
         assert graphed.captures == 1
     sdpa._static_mask.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [300, 1500], ids=["masked-sdpa", "triton"])
+def test_module_forward_captures_in_a_callers_graph_on_gpu(t, seed):
+    """The whole layer (projections, RoPE, attention, gates, output projection) in a caller's own
+    `torch.cuda.graph`, as a model captured whole would run it: equal to the eager forward bit for
+    bit, at a length `auto` gives masked SDPA and one it gives the Triton kernels."""
+    attn = NSAAttention(NSAConfig(dim=96, n_heads=8, n_kv_heads=2, head_dim_qk=64, head_dim_v=64))
+    attn = attn.to(DEV, torch.bfloat16)
+    x = rand(2, t, 96, device=DEV, dtype=torch.bfloat16)
+    with torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                attn(x)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = attn(x)
+        x.copy_(rand(2, t, 96, device=DEV, dtype=torch.bfloat16))
+        graph.replay()
+        assert torch.equal(out, attn(x))
