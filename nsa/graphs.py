@@ -52,6 +52,16 @@ class _Graph:
     out: Tensor
 
 
+def _copy_in(static_q: Tensor, static_kv: Mapping[str, tuple[Tensor, Tensor]], static_gates: Tensor, q: Tensor,
+             kv: Mapping[str, tuple[Tensor, Tensor]], gates: Tensor) -> None:
+    """A call's inputs into a graph's own buffers (the capture's, and every replay's)."""
+    static_q.copy_(q)
+    static_gates.copy_(gates)
+    for name, (k, v) in kv.items():
+        static_kv[name][0].copy_(k)
+        static_kv[name][1].copy_(v)
+
+
 def _signature(t: Tensor) -> tuple:
     return tuple(t.shape), t.stride(), t.dtype, t.device
 
@@ -115,11 +125,7 @@ class GraphedAttend:
         else:
             self._graphs.move_to_end(key)
         with torch.no_grad():
-            entry.q.copy_(q)
-            entry.gates.copy_(gates)
-            for name, (k, v) in kv.items():
-                entry.kv[name][0].copy_(k)
-                entry.kv[name][1].copy_(v)
+            _copy_in(entry.q, entry.kv, entry.gates, q, kv, gates)
             entry.graph.replay()
             return entry.out.clone()
 
@@ -145,11 +151,7 @@ class GraphedAttend:
         static_q, static_gates = torch.empty_like(q), torch.empty_like(gates)
         static_kv = {name: (torch.empty_like(k), torch.empty_like(v)) for name, (k, v) in kv.items()}
         with torch.no_grad():
-            static_q.copy_(q)
-            static_gates.copy_(gates)
-            for name, (k, v) in kv.items():
-                static_kv[name][0].copy_(k)
-                static_kv[name][1].copy_(v)
+            _copy_in(static_q, static_kv, static_gates, q, kv, gates)
             # Warm up off the caller's stream, as torch.cuda.graph asks: kernels compile and the
             # allocator settles before the capture, which may neither compile nor synchronise.
             side = torch.cuda.Stream(q.device)

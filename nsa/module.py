@@ -85,6 +85,14 @@ class NSAAttention(nn.Module):
             return self.phi_k(k), self.phi_v(v)
         return avg_compress(k, c.cmp_block, c.cmp_stride), avg_compress(v, c.cmp_block, c.cmp_stride)
 
+    def _compressed(self, kv: Mapping[str, tuple[Tensor, Tensor]],
+                    branches: Sequence[str]) -> tuple[Tensor | None, Tensor | None]:
+        """The compressed keys and values a prefill needs (the compressed branch, and the selection's
+        scores), or (None, None) when neither branch runs."""
+        if {"cmp", "sel"} & set(branches):
+            return self.compress(*kv[self._kv_name("cmp")])
+        return None, None
+
     def _calls(self, q: Tensor, kv: Mapping[str, tuple[Tensor, Tensor]], kc: Tensor | None, vc: Tensor | None,
                branches: Sequence[str], q_start: int, k_start_win: int = 0) -> dict[str, AttnCall]:
         """The branch calls dispatch plans from (the selection call has no block indices yet)."""
@@ -107,10 +115,7 @@ class NSAAttention(nn.Module):
         """The dispatch plan of a prefill (or a chunk at `q_start`) for these projections: the one
         `attend` runs. It compresses the keys, as `attend` does, since the compressed call's shape
         is part of the plan."""
-        kc = vc = None
-        if {"cmp", "sel"} & set(branches):
-            kc, vc = self.compress(*kv[self._kv_name("cmp")])
-        return dispatch.plan(self._calls(q, kv, kc, vc, branches, q_start), self.backend)
+        return dispatch.plan(self._calls(q, kv, *self._compressed(kv, branches), branches, q_start), self.backend)
 
     def attend(self, q: Tensor, kv: dict[str, tuple[Tensor, Tensor]], gates: Tensor,
                branches: Sequence[str] = BRANCHES) -> Tensor:
@@ -122,9 +127,7 @@ class NSAAttention(nn.Module):
         """
         if not branches:
             return q.new_zeros(*q.shape[:3], self.config.head_dim_v)
-        kc = vc = None
-        if {"cmp", "sel"} & set(branches):
-            kc, vc = self.compress(*kv[self._kv_name("cmp")])
+        kc, vc = self._compressed(kv, branches)
         calls = self._calls(q, kv, kc, vc, branches, 0)
         plan = dispatch.plan(calls, self.backend)
         k_s, v_s = kv[self._kv_name("sel")]

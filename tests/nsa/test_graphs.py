@@ -53,7 +53,7 @@ def test_graphed_refuses_cpu_tensors_and_gradients():
     assert len(graphed) == 0 and graphed.captures == 0
 
 
-def test_graphed_key_covers_what_a_graph_holds_fixed(tiles_cpu):
+def test_graphed_key_covers_what_a_graph_holds_fixed():
     """Same shapes with other data share a key; strides, tiles, thresholds, the requested backend
     and the parameters' storage each give another (a graph replays what it was captured with)."""
     attn = NSAAttention(NSAConfig(**SMALL, phi="mlp"))
@@ -66,9 +66,9 @@ def test_graphed_key_covers_what_a_graph_holds_fixed(tiles_cpu):
     base = key()
     assert key(q=rand(*q.shape)) == base
     assert key(q=rand(1, 4, 40, 16).transpose(1, 2)) != base                 # other strides
-    tiles_cpu(sel_warps=triton_nsa.current_tiles("cpu").sel_warps * 2)
-    assert key() != base
-    tiles_cpu.undo()
+    cpu_tiles = triton_nsa.current_tiles("cpu")
+    with triton_nsa.use_tiles(dataclasses.replace(cpu_tiles, sel_warps=cpu_tiles.sel_warps * 2)):
+        assert key() != base
     assert key() == base
     dispatch.set_overrides(triton_min_len_sel=123)
     try:
@@ -85,27 +85,6 @@ def test_graphed_key_covers_what_a_graph_holds_fixed(tiles_cpu):
     first = next(attn.phi_k.parameters())
     first.data = first.data.clone()
     assert key() != base
-
-
-@pytest.fixture
-def tiles_cpu():
-    """`tiles_cpu(field=value)` sets the CPU profile's tiles until `.undo()` or the test's end."""
-    class Override:
-        def __init__(self):
-            self.ctx = None
-
-        def __call__(self, **changes):
-            self.ctx = triton_nsa.use_tiles(dataclasses.replace(triton_nsa.current_tiles("cpu"), **changes))
-            self.ctx.__enter__()
-
-        def undo(self):
-            if self.ctx is not None:
-                self.ctx.__exit__(None, None, None)
-                self.ctx = None
-
-    o = Override()
-    yield o
-    o.undo()
 
 
 LAYOUTS = [(3000, 16, 1, 128, 128), (1000, 8, 2, 64, 64), (777, 12, 4, 128, 128)]
