@@ -85,26 +85,38 @@ class BranchPlan:
 @dataclass(frozen=True)
 class Plan:
     """What one NSA call runs: a backend per branch (`win`, `cmp`, `sel`), with the reason, and
-    whether the selection scores come from the Triton compressed kernel (`scores == "triton"`,
-    which then also gives the compressed output) or from torch (`nsa.selection`)."""
+    where the selection scores come from: a backend that declares the `scores` fusion (its
+    compressed pass then also gives the compressed output and the top-n blocks) or `"torch"`
+    (`nsa.selection`). `grad`: the call needs gradients, so every branch runs on a backend with
+    that op's backward and no fusion's output is used where a gradient must flow."""
 
     seq_len: int
     cls: str
     profile: str
     branches: dict[str, BranchPlan]
     scores: str
+    grad: bool = False
+
+    def fused(self, fusion: str, *branches: str) -> bool:
+        """All of `branches` run on one backend that declares `fusion`, and the call needs no
+        gradients (no fusion has a backward)."""
+        if self.grad or not branches or any(b not in self.branches for b in branches):
+            return False
+        names = {self.backend(b) for b in branches}
+        return len(names) == 1 and fusion in backends.capabilities(names.pop()).fusions
 
     def backend(self, branch: str) -> str:
         return self.branches[branch].backend
 
     def describe(self) -> dict[str, Any]:
         return {"seq_len": self.seq_len, "class": self.cls, "profile": self.profile, "scores": self.scores,
-                **{b: {"backend": p.backend, "why": p.why} for b, p in self.branches.items()}}
+                "grad": self.grad, **{b: {"backend": p.backend, "why": p.why} for b, p in self.branches.items()}}
 
     @property
     def label(self) -> str:
         """Short form for logs and results: `win=fa2 cmp=triton sel=triton scores=triton`."""
-        return " ".join([*(f"{b}={p.backend}" for b, p in self.branches.items()), f"scores={self.scores}"])
+        return " ".join([*(f"{b}={p.backend}" for b, p in self.branches.items()), f"scores={self.scores}",
+                         *(["grad"] if self.grad else [])])
 
 
 def device_profile(device: torch.device | str | None) -> str:
@@ -284,7 +296,7 @@ def _request_key(requested: str | dict[str, str]) -> tuple:
 def _call_key(c: AttnCall) -> tuple:
     """Everything of a call that a plan depends on (shapes, dtype, device, positions, knobs)."""
     return (c.op, tuple(c.q.shape), tuple(c.k.shape), tuple(c.v.shape), c.q.dtype, c.k.dtype, c.q.device,
-            c.q_start, c.k_start, c.window, c.block, c.stride, c.sel_block)
+            c.q_start, c.k_start, c.window, c.block, c.stride, c.sel_block, c.grad)
 
 
 def _recorded(result: Plan) -> Plan:
@@ -305,19 +317,33 @@ def _plan(calls: dict[str, AttnCall], requested: str | dict[str, str], t: Thresh
             name = backends.resolve(want, device)
             reason = backends.unsupported_reason(name, call)
             if reason is not None:
-                raise BackendError(f"backend {want!r} cannot run the {keys.BRANCH_OPS[branch]} branch: {reason}; "
-                                   "pass backend={branch: name} to choose per branch, or backend='auto'")
+                fix = ("call it under torch.no_grad() (inference), or pass backend={branch: name} with a backend "
+                       "that has this op's backward, or backend='auto'") if call.grad else \
+                    "pass backend={branch: name} to choose per branch, or backend='auto'"
+                raise BackendError(f"backend {want!r} cannot run the {keys.BRANCH_OPS[branch]} branch ({branch}): "
+                                   f"{reason}; {fix}")
             why = "requested"
         chosen[branch] = BranchPlan(name, why)
+    # The selection scores come from the compressed pass of a backend that declares the `scores`
+    # fusion, when the compressed or the selected branch runs on it (that pass yields the
+    # compressed output and the scores at once). The scores carry no gradient (the top-n is
+    # discrete), so a training call may take them too; its compressed output then comes from the
+    # compressed op, which has a backward.
     scores = "torch"
-    if "triton" in (chosen.get("cmp", BranchPlan("", "")).backend, chosen.get("sel", BranchPlan("", "")).backend):
+    grad = any(c.grad for c in calls.values())
+    on = {chosen[b].backend for b in ("cmp", "sel") if b in chosen}
+    for name in backends.with_fusion("scores"):
+        if name not in on:
+            continue
         probe = calls.get("cmp") or calls.get("sel")
-        cmp_call = AttnCall("compressed", probe.q, probe.k, probe.v, probe.scale, q_start=probe.q_start)
-        if backends.unsupported_reason("triton", cmp_call) is None:
-            scores = "triton"
-            if "cmp" in chosen and chosen["cmp"].backend != "triton" and _auto(requested, "cmp"):
-                chosen["cmp"] = BranchPlan("triton", "fused: the Triton selection scores yield the compressed output")
-    return Plan(any_call.seq_len, call_class(any_call), t.profile if t else "cpu", chosen, scores)
+        cmp_call = AttnCall("compressed", probe.q, probe.k, probe.v, probe.scale, q_start=probe.q_start,
+                            grad=probe.grad)
+        if backends.unsupported_reason(name, cmp_call) is None:
+            scores = name
+            if "cmp" in chosen and chosen["cmp"].backend != name and _auto(requested, "cmp"):
+                chosen["cmp"] = BranchPlan(name, f"fused: the {name} selection scores yield the compressed output")
+            break
+    return Plan(any_call.seq_len, call_class(any_call), t.profile if t else "cpu", chosen, scores, grad)
 
 
 def _auto(requested: str | dict[str, str], branch: str) -> bool:

@@ -4,7 +4,12 @@
 head per branch (paper Eq. 5). Each branch has its own K/V projections (`kv="separate"`, the
 paper) or all share one (`kv="shared"`). RoPE is applied to queries and raw keys (nsa.rope).
 Every call asks nsa.dispatch for one `Plan` (a backend per branch, with the reason) and runs the
-one prefill path or the one decode path below from it.
+one prefill path or the one decode path below from it. The module names no backend: the fused
+paths it may take (selection scores from the compressed pass, the gated sum in the selection
+kernel, the window beside the chain, a whole decode step) are those the plan's backends declare
+(`nsa.backends.FUSIONS`). A call needs gradients when grad mode is on and an input or a parameter
+it reads requires grad; its plan then holds only backends with each branch's backward, and it
+takes no fusion whose output a gradient must flow through (docs/nsa.md, "Training").
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from nsa import dispatch, ops
+from nsa import backends, dispatch, ops
 from nsa.backends import AttnCall
 from nsa.backends.sdpa import masked_attention
 from nsa.cache import NSACache, ReadCounts, TokenBuffer, decode_read_budget
@@ -35,7 +40,8 @@ class NSAAttention(nn.Module):
     `backend`: `"auto"` (nsa.dispatch picks per branch from the thresholds), one backend name for
     every branch (`"sdpa"`, `"triton"`, `"flex"`, `"fa2"` ...), or a mapping branch -> name
     (`{"win": "fa2"}`; missing branches are auto). An explicit backend that cannot run a branch
-    raises BackendError with the reason (FA-2 has no selected op: use a mapping).
+    raises BackendError with the reason (FA-2 has no selected op: use a mapping), as does one
+    without a branch's backward when the call needs gradients.
     """
 
     def __init__(self, config: NSAConfig, *, backend: str | Mapping[str, str] = "auto") -> None:
@@ -93,29 +99,38 @@ class NSAAttention(nn.Module):
             return self.compress(*kv[self._kv_name("cmp")])
         return None, None
 
+    def _needs_grad(self, *tensors: Tensor | None) -> bool:
+        """Grad mode is on and an input, or a parameter the attention reads (the MLP `phi`), requires grad."""
+        phi = list(self.phi_k.parameters()) + list(self.phi_v.parameters()) if self.config.phi == "mlp" else []
+        return backends.needs_grad(*tensors, *phi)
+
     def _calls(self, q: Tensor, kv: Mapping[str, tuple[Tensor, Tensor]], kc: Tensor | None, vc: Tensor | None,
-               branches: Sequence[str], q_start: int, k_start_win: int = 0) -> dict[str, AttnCall]:
+               branches: Sequence[str], q_start: int, k_start_win: int = 0, grad: bool = False) -> dict[str, AttnCall]:
         """The branch calls dispatch plans from (the selection call has no block indices yet)."""
         c, scale = self.config, self.config.softmax_scale
         calls = {}
         if "cmp" in branches:
             calls["cmp"] = AttnCall("compressed", q, kc, vc, scale, q_start=q_start, block=c.cmp_block,
-                                    stride=c.cmp_stride)
+                                    stride=c.cmp_stride, grad=grad)
         if "sel" in branches:
             k_s, v_s = kv[self._kv_name("sel")]
-            calls["sel"] = AttnCall("selected", q, k_s, v_s, scale, q_start=q_start, sel_block=c.sel_block)
+            calls["sel"] = AttnCall("selected", q, k_s, v_s, scale, q_start=q_start, sel_block=c.sel_block, grad=grad)
         if "win" in branches:
             k_w, v_w = kv[self._kv_name("win")]
             calls["win"] = AttnCall("sliding", q, k_w, v_w, scale, q_start=q_start, k_start=k_start_win,
-                                    window=c.window)
+                                    window=c.window, grad=grad)
         return calls
+
+    def _grad_of(self, q: Tensor, kv: Mapping[str, tuple[Tensor, Tensor]], gates: Tensor | None = None) -> bool:
+        return self._needs_grad(q, gates, *(x for pair in kv.values() for x in pair))
 
     def plan(self, q: Tensor, kv: Mapping[str, tuple[Tensor, Tensor]], branches: Sequence[str] = BRANCHES,
              q_start: int = 0) -> dispatch.Plan:
         """The dispatch plan of a prefill (or a chunk at `q_start`) for these projections: the one
         `attend` runs. It compresses the keys, as `attend` does, since the compressed call's shape
         is part of the plan."""
-        return dispatch.plan(self._calls(q, kv, *self._compressed(kv, branches), branches, q_start), self.backend)
+        return dispatch.plan(self._calls(q, kv, *self._compressed(kv, branches), branches, q_start,
+                                         grad=self._grad_of(q, kv)), self.backend)
 
     def attend(self, q: Tensor, kv: dict[str, tuple[Tensor, Tensor]], gates: Tensor,
                branches: Sequence[str] = BRANCHES) -> Tensor:
@@ -128,7 +143,7 @@ class NSAAttention(nn.Module):
         if not branches:
             return q.new_zeros(*q.shape[:3], self.config.head_dim_v)
         kc, vc = self._compressed(kv, branches)
-        calls = self._calls(q, kv, kc, vc, branches, 0)
+        calls = self._calls(q, kv, kc, vc, branches, 0, grad=self._grad_of(q, kv, gates))
         plan = dispatch.plan(calls, self.backend)
         k_s, v_s = kv[self._kv_name("sel")]
 
@@ -148,66 +163,67 @@ class NSAAttention(nn.Module):
                                                scale=self.config.softmax_scale, backend=plan.backend("sel"))
             return self._gated(plan, q, k_s, v_s, idx, gates, o_cmp, o_sel, o_win, 0)
 
-        if "win" in branches and plan.backend("win") == "triton" and q.is_cuda:
-            from nsa.backends import triton_nsa
-
-            # The Triton window kernel beside the compressed branch and top-n (Tiles.win_beside).
-            return triton_nsa.beside(window, chain, finish, device=q.device, rows=q.shape[0] * q.shape[1])
+        if "win" in branches and plan.fused("beside", "win") and q.is_cuda:
+            # The window kernel beside the compressed branch and top-n (e.g. Tiles.win_beside).
+            return backends.module(plan.backend("win")).beside(window, chain, finish, device=q.device,
+                                                                rows=q.shape[0] * q.shape[1])
         cmp_idx = chain()
         return finish(window(), cmp_idx)
 
     def _cmp_and_blocks(self, plan: dispatch.Plan, calls: Mapping[str, AttnCall], q: Tensor, kc: Tensor | None,
                         vc: Tensor | None, branches: Sequence[str], q_start: int) -> tuple[Tensor | None, Tensor | None]:
-        """Compressed output and selected blocks, per the plan: one Triton pass gives both (plus
-        Triton top-n) when `plan.scores == "triton"`; else torch scores and the cmp backend."""
+        """Compressed output and selected blocks, per the plan: one pass of the `scores` backend gives
+        both (plus its top-n) when `plan.scores` names one; else torch scores and the cmp backend.
+        The blocks carry no gradient (the top-n is discrete), so they are found without autograd;
+        under `plan.grad` the compressed output comes from the compressed op, which has a backward."""
         c = self.config
         o_cmp = idx = None
-        if plan.scores == "triton":
-            from nsa.backends import triton_nsa
-
-            if "sel" in branches:
-                o_fused, idx = triton_nsa.compressed_select(
-                    q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, sel_count=c.sel_count,
-                    scale=c.softmax_scale, q_start=q_start)
-            else:
-                o_fused, _ = triton_nsa.compressed_and_scores(
-                    q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, scale=c.softmax_scale,
-                    q_start=q_start, scores=False)
-            if "cmp" in branches and plan.backend("cmp") == "triton":
+        if plan.scores != "torch":
+            fused = backends.module(plan.scores)
+            take_cmp = "cmp" in branches and plan.backend("cmp") == plan.scores and not plan.grad
+            with torch.no_grad():
+                if "sel" in branches:
+                    o_fused, idx = fused.compressed_select(
+                        q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block,
+                        sel_count=c.sel_count, scale=c.softmax_scale, q_start=q_start)
+                elif take_cmp:
+                    o_fused, _ = fused.compressed_and_scores(
+                        q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block,
+                        scale=c.softmax_scale, q_start=q_start, scores=False)
+            if take_cmp:
                 o_cmp = o_fused
         elif "sel" in branches:
-            idx = ops.select_blocks(q, kc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block,
-                                    sel_count=c.sel_count, scale=c.softmax_scale, q_start=q_start)
+            with torch.no_grad():
+                idx = ops.select_blocks(q, kc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block,
+                                        sel_count=c.sel_count, scale=c.softmax_scale, q_start=q_start)
         if "cmp" in branches and o_cmp is None:
             o_cmp = ops.compressed_attention(q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, scale=c.softmax_scale,
                                              backend=plan.backend("cmp"), q_start=q_start)
         return o_cmp, idx
 
     def _fused_decode(self, plan: dispatch.Plan, q: Tensor, t: int) -> bool:
-        """A decode step runs as one fused Triton step when the plan puts every branch and the
-        scores on Triton and the kernels cover the geometry (triton_nsa.decode_unsupported_reason)."""
-        if plan.scores != "triton" or set(plan.branches) != set(BRANCHES) or any(
-                plan.backend(b) != "triton" for b in BRANCHES):
+        """A decode step runs as one fused step when the plan puts every branch and the scores on
+        one backend that declares `decode_step` and its kernels cover the geometry
+        (`decode_unsupported_reason`)."""
+        if set(plan.branches) != set(BRANCHES) or not plan.fused("decode_step", *BRANCHES) or \
+                plan.scores != plan.backend("sel"):
             return False
-        from nsa.backends import triton_nsa
-
         c = self.config
-        return triton_nsa.decode_unsupported_reason(q, t=t, dv=c.head_dim_v, block=c.cmp_block, stride=c.cmp_stride,
-                                                    sel_block=c.sel_block) is None
+        return backends.module(plan.scores).decode_unsupported_reason(
+            q, t=t, dv=c.head_dim_v, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block) is None
 
     @staticmethod
     def _fused_gate(plan: dispatch.Plan, o_cmp: Tensor | None, o_win: Tensor | None) -> bool:
-        """The Triton selection kernel forms the gated sum in its epilogue when all three run."""
-        return "sel" in plan.branches and plan.backend("sel") == "triton" and o_cmp is not None and o_win is not None
+        """The selection kernel forms the gated sum in its epilogue when all three run and its
+        backend declares `gated` (never under gradients: the fusion has no backward)."""
+        return plan.fused("gated", "sel") and o_cmp is not None and o_win is not None
 
     def _gated(self, plan: dispatch.Plan, q: Tensor, k_s: Tensor, v_s: Tensor, idx: Tensor | None, gates: Tensor,
                o_cmp: Tensor | None, o_sel: Tensor | None, o_win: Tensor | None, q_start: int) -> Tensor:
         """`sum_c gate_c * o_c` -> `[B, Tq, Hq, dv]` (the one place the gated sum is written)."""
         c = self.config
         if idx is not None and self._fused_gate(plan, o_cmp, o_win):
-            from nsa.backends import triton_nsa
-
-            return triton_nsa.selected_gated(q, k_s, v_s, idx, sel_block=c.sel_block, scale=c.softmax_scale,
+            return backends.module(plan.backend("sel")).selected_gated(q, k_s, v_s, idx, sel_block=c.sel_block, scale=c.softmax_scale,
                                              gates=gates, o_cmp=o_cmp, o_win=o_win, q_start=q_start)
         out = torch.zeros(*q.shape[:3], c.head_dim_v, dtype=q.dtype, device=q.device)
         for i, o in enumerate((o_cmp, o_sel, o_win)):
@@ -255,16 +271,16 @@ class NSAAttention(nn.Module):
         return y, cache
 
     def _decode_counts(self, cache: NSACache, batch: int, device: torch.device) -> None:
-        """`cache.dec_counts` for the fused decode step of `batch` sequences, made once; a cache
-        without the Triton backend available keeps None."""
+        """`cache.dec_counts` for the fused decode step of `batch` sequences, made once by the first
+        available backend that declares `decode_step`; a cache without one keeps None."""
         groups = batch * self.config.n_kv_heads
         counts = cache.dec_counts
         if counts is not None and counts.device == device and counts.shape[1] >= groups:
             return
-        from nsa.backends import triton_nsa
-
-        if triton_nsa.unavailable_reason(device) is None:
-            cache.dec_counts = triton_nsa.decode_counts(groups, device)
+        for name in backends.with_fusion("decode_step"):
+            if backends.unavailable_reason(name, device) is None:
+                cache.dec_counts = backends.module(name).decode_counts(groups, device)
+                return
 
     # --- decode -------------------------------------------------------------------------------
     def step(self, x_t: Tensor, cache: NSACache, branches: Sequence[str] = BRANCHES) -> Tensor:
@@ -302,14 +318,14 @@ class NSAAttention(nn.Module):
         win = (kw.view(c.window), vw.view(c.window))
         k_s, v_s = (b.view() for b in cache.raw[self._kv_name("sel")])
         kv = {self._kv_name("sel"): (k_s, v_s), self._kv_name("win"): win}
-        calls = self._calls(q, kv, cache.k_cmp, cache.v_cmp, branches, t, k_start_win=t + 1 - win[0].shape[1])
+        grad = self._needs_grad(q, gates, *(x for pair in kv.values() for x in pair), cache.k_cmp, cache.v_cmp)
+        calls = self._calls(q, kv, cache.k_cmp, cache.v_cmp, branches, t, k_start_win=t + 1 - win[0].shape[1],
+                            grad=grad)
         plan = dispatch.plan(calls, self.backend)
         if self._fused_decode(plan, q, t):
-            # Every branch on Triton: the whole step in four launches (triton_kernels/decode.py).
-            from nsa.backends import triton_nsa
-
+            # Every branch on one backend with a fused step (Triton: four launches, triton_kernels/decode.py).
             self._decode_counts(cache, q.shape[0], q.device)
-            out, idx = triton_nsa.decode_step(
+            out, idx = backends.module(plan.scores).decode_step(
                 q, gates, cache.k_cmp, cache.v_cmp, k_s, v_s, *win, t=t, block=c.cmp_block, stride=c.cmp_stride,
                 sel_block=c.sel_block, sel_count=c.sel_count, window=c.window, scale=c.softmax_scale,
                 counts=cache.dec_counts)

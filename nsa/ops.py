@@ -6,8 +6,10 @@ KV head `h // (Hq // Hkv)`). `scale` defaults to `dk ** -0.5`. Queries sit at po
 `k_start ..`; query t may read key s only if `s <= t`.
 
 `backend`: `"auto"` (thresholds from configs/base.yaml, see nsa.dispatch), or a name from
-`nsa.backends` (`sdpa`, `fa2`, `flash_attn`, `torch_fa2`, `flex`); a named backend
-that cannot run raises `BackendError` with the reason.
+`nsa.backends` (`sdpa`, `fa2`, `flash_attn`, `torch_fa2`, `flex`, `triton`); a named backend
+that cannot run raises `BackendError` with the reason. A call needs gradients when grad mode is on
+and q, k or v requires grad: it then runs only on a backend with that op's backward (`auto`
+skips the others; a named one without it raises), so no output is cut from autograd.
 """
 
 from __future__ import annotations
@@ -107,7 +109,8 @@ def compressed_attention(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int,
         raise ValueError(
             f"k_cmp must hold the {needed} compressed tokens of {q_start + q.shape[1]} raw tokens, got "
             f"{k_cmp.shape[1]}; build it with compress_kv(k, v, block={block}, stride={stride})")
-    call = AttnCall("compressed", q, k_cmp, v_cmp, _scale(q, scale), q_start=q_start, block=block, stride=stride)
+    call = AttnCall("compressed", q, k_cmp, v_cmp, _scale(q, scale), q_start=q_start, block=block, stride=stride,
+                    grad=backends.needs_grad(q, k_cmp, v_cmp))
     return _run(call, backend)
 
 
@@ -149,7 +152,7 @@ def selected_attention(q: Tensor, k: Tensor, v: Tensor, block_indices: Tensor, *
             f"block_indices must be [B, Tq, Hkv, n] = [{expected[0]}, {expected[1]}, {expected[2]}, n], got "
             f"{tuple(block_indices.shape)}")
     call = AttnCall("selected", q, k, v, _scale(q, scale), q_start=q_start, k_start=k_start,
-                    sel_block=sel_block, block_indices=block_indices.long())
+                    sel_block=sel_block, block_indices=block_indices.long(), grad=backends.needs_grad(q, k, v))
     return _run(call, backend)
 
 
@@ -169,5 +172,6 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, *, window: int, sc
     """
     validate_branch_params(window=window)
     _check_qkv(q, k, v, same_len=q_start == 0 and k_start == 0)
-    call = AttnCall("sliding", q, k, v, _scale(q, scale), q_start=q_start, k_start=k_start, window=window)
+    call = AttnCall("sliding", q, k, v, _scale(q, scale), q_start=q_start, k_start=k_start, window=window,
+                    grad=backends.needs_grad(q, k, v))
     return _run(call, backend)

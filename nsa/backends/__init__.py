@@ -1,11 +1,16 @@
 """Backend registry: a static table name -> module, imported lazily.
 
 Every backend module provides:
+    CAPABILITIES: Capabilities                 # what it can do: ops forward and backward, decode, fusions
     unavailable_reason(device) -> str | None   # None: it can run on this device at all
     unsupported_reason(call) -> str | None     # None: it can run this exact call
-    sliding(call), compressed(call), selected(call) -> Tensor   # ops it supports
-An explicitly named backend that cannot run raises `BackendError` with the reason; only
-`backend="auto"` (nsa.dispatch) may choose, and it records the name it chose.
+    sliding(call), compressed(call), selected(call) -> Tensor   # the ops of CAPABILITIES.forward
+and one function per fusion it declares (see `FUSIONS`). A call that needs gradients
+(`AttnCall.grad`) may run only on a backend whose `CAPABILITIES.backward` holds its op; the module
+and dispatch read these declarations and never name a backend. An explicitly named backend that
+cannot run raises `BackendError` with the reason; only `backend="auto"` (nsa.dispatch) may
+choose, and it records the name it chose. `run` checks the promise: an output of a call that
+needs gradients must carry them, or it raises (a silent cut from autograd is never returned).
 """
 
 from __future__ import annotations
@@ -31,8 +36,47 @@ ALIASES = ("fa2", "auto")
 OPS = ("sliding", "compressed", "selected")
 
 
+# Fused paths a backend may declare, each a function of its module that NSAAttention calls:
+#   scores       compressed_select(...) / compressed_and_scores(...): the compressed pass also yields
+#                the selection scores and top-n blocks (forward only: its output carries no gradient)
+#   gated        selected_gated(...): the selection kernel forms the gated sum in its epilogue
+#   beside       beside(side, chain, finish, ...): the prefill window on a stream beside the chain
+#   decode_step  decode_step(...), decode_counts(...), decode_unsupported_reason(...): a whole step
+# No fusion has a backward: a call that needs gradients runs the separate ops.
+FUSIONS = ("scores", "gated", "beside", "decode_step")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one backend declares it can do."""
+
+    forward: frozenset[str]                 # ops it runs (OPS)
+    backward: frozenset[str]                # ops whose output carries gradients to q, k and v
+    decode: bool                            # it runs one-query decode calls of its forward ops
+    fusions: frozenset[str] = frozenset()   # FUSIONS it provides (forward only)
+
+    def __post_init__(self) -> None:
+        for name, ops in (("forward", self.forward), ("backward", self.backward)):
+            if not set(ops) <= set(OPS):
+                raise ValueError(f"Capabilities.{name} must be among {OPS}, got {sorted(ops)}")
+        if not self.backward <= self.forward:
+            raise ValueError(f"a backward needs its forward: {sorted(self.backward - self.forward)}")
+        if not set(self.fusions) <= set(FUSIONS):
+            raise ValueError(f"Capabilities.fusions must be among {FUSIONS}, got {sorted(self.fusions)}")
+
+
+def caps(*, forward: tuple[str, ...] = OPS, backward: tuple[str, ...] = (), decode: bool = True,
+         fusions: tuple[str, ...] = ()) -> Capabilities:
+    return Capabilities(frozenset(forward), frozenset(backward), decode, frozenset(fusions))
+
+
 class BackendError(RuntimeError):
     """An explicitly requested backend cannot run this call."""
+
+
+def needs_grad(*tensors: Tensor | None) -> bool:
+    """A call needs gradients when grad mode is on and any of its inputs requires grad."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 @dataclass
@@ -55,6 +99,7 @@ class AttnCall:
     stride: int | None = None
     sel_block: int | None = None
     block_indices: Tensor | None = None
+    grad: bool = False          # the output must carry gradients (needs_grad of the inputs)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -98,21 +143,42 @@ def unavailable_reason(name: str, device: torch.device | str | None = None) -> s
     return module(resolve(name, device)).unavailable_reason(device)
 
 
+def capabilities(name: str, device: torch.device | str | None = None) -> Capabilities:
+    """What backend `name` (an alias resolved for `device`) declares."""
+    return module(resolve(name, device)).CAPABILITIES
+
+
+def with_fusion(fusion: str) -> tuple[str, ...]:
+    """The backends that declare `fusion`, in table order."""
+    if fusion not in FUSIONS:
+        raise ValueError(f"fusion must be one of {FUSIONS}, got {fusion!r}")
+    return tuple(n for n in _TABLE if fusion in _module(n).CAPABILITIES.fusions)
+
+
 def unsupported_reason(name: str, call: AttnCall) -> str | None:
-    """Why backend `name` cannot run `call` (unavailable, op not implemented, dtype, head dim ...)."""
+    """Why backend `name` cannot run `call` (unavailable, op not implemented, no backward for a
+    call that needs gradients, dtype, head dim ...)."""
     mod = module(resolve(name, call.q.device))
-    if not hasattr(mod, call.op):
+    if call.op not in mod.CAPABILITIES.forward or not hasattr(mod, call.op):
         return f"backend {name} does not implement the {call.op} op"
+    if call.grad and call.op not in mod.CAPABILITIES.backward:
+        return (f"backend {name} has no backward for the {call.op} op and this call needs gradients "
+                "(grad mode is on and an input requires grad)")
     return mod.unavailable_reason(call.q.device) or mod.unsupported_reason(call)
 
 
 def run(name: str, call: AttnCall) -> Tensor:
-    """Run `call` on the explicitly named backend, or raise BackendError with the reason."""
+    """Run `call` on the explicitly named backend, or raise BackendError with the reason. A call
+    that needs gradients whose output came back without them raises: a declaration was wrong."""
     resolved = resolve(name, call.q.device)
     reason = unsupported_reason(resolved, call)
     if reason is not None:
         raise BackendError(f"backend {resolved!r} cannot run this {call.op} call: {reason}")
-    return getattr(module(resolved), call.op)(call)
+    out = getattr(module(resolved), call.op)(call)
+    if call.grad and not out.requires_grad:
+        raise BackendError(f"backend {resolved!r} returned a {call.op} output cut from autograd although the call "
+                           "needs gradients; its CAPABILITIES.backward is wrong: report it, and use another backend")
+    return out
 
 
 def shape_cached(cached: Any, *args: Any) -> Any:

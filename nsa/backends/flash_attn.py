@@ -17,7 +17,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from nsa.backends import AttnCall, _fa2_common
+from nsa.backends import AttnCall, _fa2_common, caps
 
 _IMPORT_ERROR: list[BaseException] = []
 
@@ -35,6 +35,10 @@ def _lib() -> ModuleType:
         _IMPORT_ERROR.append(exc)
         raise
 
+
+# flash_attn_func has a backward; the compressed buckets run flash_attn_with_kvcache, which has none.
+# No selected op (FA-2 has no block-sparse mask).
+CAPABILITIES = caps(forward=("sliding", "compressed"), backward=("sliding",))
 
 def unavailable_reason(device: torch.device | str | None = None) -> str | None:
     try:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nsa.backends import AttnCall, shape_cached
+from nsa.backends import AttnCall, OPS, caps, shape_cached
 from nsa.masks import compressed_mask, n_compressed, positions, selected_mask, selected_tokens, sliding_mask
 
 # Largest whole-sequence mask (Tq * Tk elements) the short path builds; above it, query chunks.
@@ -55,6 +55,9 @@ SELECTED_MASK_SPAN = 4
 # (pytorch/pytorch#146704), which tiny heads and dims could otherwise reach.
 MAX_SDPA_BATCH = (1 << 16) - 1
 
+
+# Masked SDPA and its gathers are plain torch ops: autograd differentiates every op.
+CAPABILITIES = caps(backward=OPS)
 
 def unavailable_reason(device: torch.device | str | None = None) -> str | None:
     return None

@@ -13,8 +13,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nsa.backends import AttnCall, _fa2_common
+from nsa.backends import AttnCall, _fa2_common, caps
 
+
+# aten._flash_attention_forward has a derivative (sliding: the batched causal window); the
+# compressed buckets pass seqused_k, which the derivative does not take, so only the sliding op trains.
+# No selected op.
+CAPABILITIES = caps(forward=("sliding", "compressed"), backward=("sliding",))
 
 def unavailable_reason(device: torch.device | str | None = None) -> str | None:
     if not torch.cuda.is_available():

@@ -1,4 +1,4 @@
-"""The `triton` backend: own Triton kernels for every NSA branch (forward only).
+"""The `triton` backend: own Triton kernels for every NSA branch, forward and backward.
 
 This module is the backend the registry names (`nsa.backends.__init__`): it says when the
 kernels can run, validates inputs, picks the launch parameters and calls the kernel families in
@@ -19,6 +19,11 @@ Launch parameters: a frozen `Tiles` per GPU profile (`tiles(profile)`, `profile_
 `sm90` for an H100, `cpu` under the interpreter). Every function above that launches kernels
 takes `tiles=` (None: `use_tiles(...)`'s override if one is active, else the device's profile).
 
+A call that needs gradients (`AttnCall.grad`) runs the training kernels instead
+(`triton_kernels/train.py` through the custom ops of `triton_kernels/autograd.py`): the forward
+saves each row's log-sum-exp, the backward is deterministic. The inference kernels (and the FA-3 /
+FA-4 wheels they may call) run only for calls without gradients, and no fusion has a backward.
+
 All run under `TRITON_INTERPRET=1` on CPU (tests), and on CUDA.
 """
 
@@ -33,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from nsa.backends import AttnCall
+from nsa.backends import OPS, AttnCall, caps
 from nsa.backends.triton_kernels.tiles import (
     PROFILES,
     Tiles,
@@ -56,10 +61,13 @@ if triton is not None:
     from nsa.backends.triton_kernels import selection_blocks as _selb
     from nsa.backends.triton_kernels import sliding as _win
     from nsa.backends.triton_kernels import topn as _topn
+    from nsa.backends.triton_kernels import autograd as _train
 
 __all__ = ["PROFILES", "TILES", "Tiles", "beside", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_counts", "decode_step",
            "decode_unsupported_reason", "distinct_blocks", "kernels_interpreted", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
            "unsupported_reason", "use_tiles"]
+
+CAPABILITIES = caps(backward=OPS, fusions=("scores", "gated", "beside", "decode_step"))
 
 # The H100 values as a read-only mapping, for readers of the old module-level table. Launches
 # never read it: they use `current_tiles(device)`.
@@ -142,6 +150,9 @@ def sliding(call: AttnCall) -> Tensor:
     _check_qkv(call.q, call.k, call.v)
     if call.window is None or call.window < 1:
         raise ValueError(f"window must be an int >= 1, got {call.window}; the paper uses 512")
+    if call.grad:
+        return _train.sliding(call.q, call.k, call.v, window=call.window, scale=call.scale, q_start=call.q_start,
+                              k_start=call.k_start)
     tk = call.k.shape[1]
     if call.q.shape[1] == 1 and call.k_start + tk - 1 == call.q_start and tk <= call.window:
         # A decode step over the window cache: the split selection-kernel path (more programs for
@@ -174,6 +185,9 @@ def selected(call: AttnCall) -> Tensor:
     _require()
     _check_qkv(call.q, call.k, call.v)
     _check_block("sel_block", call.sel_block)
+    if call.grad:
+        return _train.selected(call.q, call.k, call.v, distinct_blocks(call.block_indices), sel_block=call.sel_block,
+                               scale=call.scale, q_start=call.q_start, k_start=call.k_start)
     tiles = _tiles(call.q, None)
     return _selection(call.q, call.k, tiles).selected(call.q, call.k, call.v, distinct_blocks(call.block_indices),
                                                       sel_block=call.sel_block, scale=call.scale,
@@ -347,6 +361,11 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
 
 def compressed(call: AttnCall) -> Tensor:
     """Compressed attention over `call.k/v` (compressed keys/values) -> `[B, Tq, Hq, dv]`."""
+    if call.grad:
+        _require()
+        _check_qkv(call.q, call.k, call.v, "q, k_cmp, v_cmp")
+        return _train.compressed(call.q, call.k, call.v, block=call.block, stride=call.stride, scale=call.scale,
+                                 q_start=call.q_start)
     o, _ = compressed_and_scores(call.q, call.k, call.v, block=call.block, stride=call.stride, sel_block=16,
                                  scale=call.scale, q_start=call.q_start, scores=False)
     return o

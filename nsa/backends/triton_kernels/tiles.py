@@ -149,6 +149,17 @@ class Tiles:
     dblk_warps: int = 4           # decode.py kernel C (selected and window blocks, compressed merges)
     dblk_stages: int | None = None
     dec_max_blocks: int = 8192    # decode.py: top-n in one program up to this many selection blocks
+    # Training (train.py): forward with saved log-sum-exp and the backward of every branch. Chosen by
+    # reasoning (FlashAttention-2's 64 x 64 tiles), not swept yet.
+    trn_bm: int = 64              # band kernels: query rows per tile
+    trn_bn: int = 64              # band kernels: keys per tile
+    trn_warps: int = 4
+    trn_stages: int | None = 2
+    trnsel_warps: int = 2         # selected forward / dQ: one (query, KV group) per program, >= 16 rows
+    trnsel_stages: int | None = 2
+    trn_sel_rows: int = 64        # selected dK/dV: (list entry, head) rows per step
+    trn_sel_chunk: int = 1024     # selected dK/dV: list entries (queries) per work item at most; a longer list
+                                  # (block 0 is every query's) is cut, its items' fp32 partials summed in order
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -177,14 +188,14 @@ class Tiles:
                      "topn_warps", "dec_chunk",
                      "dec_warps", "dtop_warps", "dout_warps", "dblk_warps",
                      "dec_max_blocks", "dout_cols", "dec_cb", "topn_cap", "dtop_cap", "topn_nchunk", "dtop_once",
-                     "topn_lane_chunks"):
+                     "topn_lane_chunks", "trn_bm", "trn_bn", "trn_warps", "trnsel_warps", "trn_sel_rows"):
             value = getattr(self, name)
             if value & (value - 1):
                 raise ValueError(f"Tiles.{name} must be a power of two (tl.arange sizes, warps), got {value}")
         if self.topn_maxnreg and not 16 <= self.topn_maxnreg <= 255:
             raise ValueError(f"Tiles.topn_maxnreg must be 0 (no cap) or 16..255 (ptxas' range), got {self.topn_maxnreg}")
         for name in ("cmp_bc", "win_bn", "lse_bc", "scr_bq", "scr_bk", "lse_rows", "selb_rows", "dec_chunk", "dout_cols",
-                     "topn_cap", "dtop_cap", "selb_forced_rows"):
+                     "topn_cap", "dtop_cap", "selb_forced_rows", "trn_bm", "trn_bn", "trn_sel_rows"):
             if getattr(self, name) < 16:
                 raise ValueError(f"Tiles.{name} must be >= 16 (tl.dot's smallest tile), got {getattr(self, name)}")
 
@@ -222,7 +233,7 @@ PROFILES: dict[str, Tiles] = {
     "sm90": Tiles(),
     "default": Tiles(),
     "cpu": Tiles(cmp_rows=16, cmp_bc=16, win_rows=16, win_bn=16, lse_rows=16, lse_bc=16, scr_bq=16, scr_bk=64,
-                 scr_qt=2, dec_chunk=64, topn_ctas=3),
+                 scr_qt=2, dec_chunk=64, topn_ctas=3, trn_bm=16, trn_bn=16, trn_sel_rows=16, trn_sel_chunk=8),
 }
 
 _override: contextvars.ContextVar[Tiles | None] = contextvars.ContextVar("nsa_triton_tiles", default=None)
