@@ -214,3 +214,58 @@ def decode_reads(t: int, block_indices_row: Tensor, c: NSAConfig) -> tuple[int, 
     sel = [[sum(1 for j in row if j >= 0 for s in range(j * c.sel_block, (j + 1) * c.sel_block) if s <= t)
             for row in per_b.tolist()] for per_b in block_indices_row]
     return n_cmp, sel, min(c.window, t + 1)
+
+
+# --- differentiable oracle (gradients) ----------------------------------------------------------
+# The functions above detach (they compute outputs only). The gradient checks need autograd through
+# the same rules: the visibility of each branch as an explicit boolean table, then dense masked
+# attention in the inputs' own dtype (fp64 for the oracle, the kernel's dtype for the same-dtype
+# torch path FlashAttention's tolerance rule compares with). Small T only: O(T * Tk) per head.
+
+def window_visible(tq: int, tk: int, window: int, q_start: int = 0, k_start: int = 0) -> Tensor:
+    """`[1, Tq, 1, Tk]`: query t sees raw key s iff `t - w < s <= t`."""
+    vis = torch.zeros(1, tq, 1, tk, dtype=torch.bool)
+    for i in range(tq):
+        t = q_start + i
+        for j in range(tk):
+            s = k_start + j
+            vis[0, i, 0, j] = t - window < s <= t
+    return vis
+
+
+def compressed_visible(tq: int, tc: int, block: int, stride: int, q_start: int = 0) -> Tensor:
+    """`[1, Tq, 1, Tc]`: query t sees compressed token i iff `i*d + l - 1 <= t`."""
+    vis = torch.zeros(1, tq, 1, tc, dtype=torch.bool)
+    for i in range(tq):
+        for c in range(tc):
+            vis[0, i, 0, c] = c * stride + block - 1 <= q_start + i
+    return vis
+
+
+def selected_visible(block_indices: Tensor, tk: int, sel_block: int, q_start: int = 0) -> Tensor:
+    """`[B, Tq, Hkv, Tk]`: query t of group g sees raw key s iff s's block is among the row's
+    indices (a repeat counts once, -1 is no block) and `s <= t`."""
+    b_, tq, hkv, _ = block_indices.shape
+    vis = torch.zeros(b_, tq, hkv, tk, dtype=torch.bool)
+    for b in range(b_):
+        for i in range(tq):
+            for g in range(hkv):
+                blocks = {int(j) for j in block_indices[b, i, g] if int(j) >= 0}
+                for s in range(tk):
+                    vis[b, i, g, s] = s // sel_block in blocks and s <= q_start + i
+    return vis
+
+
+def attention_ad(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, scale: float | None = None) -> Tensor:
+    """Differentiable attention `[B, Tq, Hq, dv]` under `visible [B|1, Tq, Hkv|1, Tk]` in q's dtype;
+    query head h reads KV head `h // (Hq / Hkv)`; a row that sees nothing gives 0 (and 0 gradient)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    group = q.shape[2] // k.shape[2]
+    kk, vv = k.repeat_interleave(group, 2), v.repeat_interleave(group, 2)
+    vis = visible.to(q.device)
+    vis = vis.expand(q.shape[0], q.shape[1], k.shape[2], k.shape[1]).repeat_interleave(group, 2)  # [B, Tq, Hq, Tk]
+    logits = torch.einsum("bthd,bshd->bths", q, kk) * scale
+    logits = logits.masked_fill(~vis, float("-inf"))
+    any_vis = vis.any(-1, keepdim=True)
+    w = torch.softmax(torch.where(any_vis, logits, torch.zeros_like(logits)), -1) * any_vis
+    return torch.einsum("bths,bshd->bthd", w, vv)

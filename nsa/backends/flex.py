@@ -28,6 +28,9 @@ def unavailable_reason(device: torch.device | str | None = None) -> str | None:
 
 
 def unsupported_reason(call: AttnCall) -> str | None:
+    if call.grad and call.q.device.type != "cuda":
+        # torch raises NotImplementedError there ("FlexAttention does not support backward on CPU").
+        return "FlexAttention has no backward on CPU; call it under torch.no_grad() or use the sdpa backend"
     if call.q.device.type == "cuda" and call.q.dtype == torch.float64:
         return "FlexAttention's compiled kernel does not support fp64"
     dk, dv = call.q.shape[-1], call.v.shape[-1]

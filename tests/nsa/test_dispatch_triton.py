@@ -205,6 +205,7 @@ def test_module_records_one_plan_per_call(monkeypatch):
     with dispatch.recording() as rec:
         m(x)
     plans = [r for r in rec if r["op"] == "nsa_plan"]
-    assert len(plans) == 1 and plans[0]["backend"] == "cmp=sdpa sel=sdpa win=sdpa scores=torch"
+    # The parameters require grad and grad mode is on: a training plan.
+    assert len(plans) == 1 and plans[0]["backend"] == "cmp=sdpa sel=sdpa win=sdpa scores=torch grad"
     with pytest.raises(BackendError, match=r"cannot run the \w+ branch"):
         NSAAttention(cfg, backend="fa2")(x)

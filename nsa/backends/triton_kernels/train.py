@@ -166,15 +166,19 @@ def _band_dq(Q, K, V, DO, LSE, DELTA, DQ, sqb, sqt, sqh, skb, skt, skh, svb, svt
 @triton.jit
 def _band_dkdv(Q, K, V, DO, LSE, DELTA, DK_, DV_, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
                slb, slh, Tq, Tk, q_start, koff, kstride, window, qk_scale2, scale, NQ_HOST: tl.constexpr,
-               G: tl.constexpr, HKV: tl.constexpr, MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr,
-               DYN: tl.constexpr):
-    """dK/dV of one (key tile, KV head): every query head of the group, every query tile that sees
-    the keys; DK_/DV_ share K's / V's strides."""
+               sdkb, sdkt, sdkh, sdvb, sdvt, sdvh,
+               G: tl.constexpr, HKV: tl.constexpr, NSPLIT: tl.constexpr, MODE: tl.constexpr, BM: tl.constexpr,
+               BN: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+               IEEE: tl.constexpr, DYN: tl.constexpr):
+    """dK/dV of one (key tile, KV head, part of the group): the part's G / NSPLIT query heads, every
+    query tile that sees the keys, summed in registers; stored at head `hk * NSPLIT + part` of
+    DK_/DV_ (NSPLIT 1: the gradients themselves; else fp32 partials the caller sums over parts)."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)
-    hk = bh % HKV
+    b = (bh // (HKV * NSPLIT)).to(tl.int64)
+    hk = (bh // NSPLIT) % HKV
+    part = bh % NSPLIT
+    HPP: tl.constexpr = G // NSPLIT
     offs_n = pid_n * BN + tl.arange(0, BN)
     in_k = offs_n < Tk
     kpos = koff + offs_n * kstride
@@ -195,8 +199,8 @@ def _band_dkdv(Q, K, V, DO, LSE, DELTA, DK_, DV_, sqb, sqt, sqh, skb, skt, skh, 
     i_hi = tl.maximum(i_hi, i_lo)
     dk = tl.zeros([BN, BDK], tl.float32)
     dv = tl.zeros([BN, BDV], tl.float32)
-    for g in range(0, G):
-        hq = hk * G + g
+    for g in range(0, HPP):
+        hq = hk * G + part * HPP + g
         for m0 in range((i_lo // BM) * BM if DYN else 0, i_hi if DYN else NQ_HOST, BM):   # interpreter: host bounds
             offs_m = m0 + tl.arange(0, BM)
             row_ok = offs_m < Tq
@@ -216,9 +220,10 @@ def _band_dkdv(Q, K, V, DO, LSE, DELTA, DK_, DV_, sqb, sqt, sqh, skb, skt, skh, 
             else:
                 dv += tl.dot(tl.trans(p.to(do.dtype)), do)
                 dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
-    tl.store(DK_ + b * skb + offs_n[:, None].to(tl.int64) * skt + hk * skh + offs_dk[None, :],
+    ho = hk * NSPLIT + part
+    tl.store(DK_ + b * sdkb + offs_n[:, None].to(tl.int64) * sdkt + ho * sdkh + offs_dk[None, :],
              (dk * scale).to(DK_.dtype.element_ty), mask=in_k[:, None] & (offs_dk[None, :] < DK))
-    tl.store(DV_ + b * svb + offs_n[:, None].to(tl.int64) * svt + hk * svh + offs_dv[None, :],
+    tl.store(DV_ + b * sdvb + offs_n[:, None].to(tl.int64) * sdvt + ho * sdvh + offs_dv[None, :],
              dv.to(DV_.dtype.element_ty), mask=in_k[:, None] & (offs_dv[None, :] < DV))
 
 
@@ -281,8 +286,22 @@ def band_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
     geo = (tq, tk, q_start, koff, kstr, win, scale * LOG2E, scale)
     _band_dq[(triton.cdiv(tq, bm), b * hq)](q, k, v, do, lse, delta, dq, *strides, *geo, tk, G=hq // hkv, HQ=hq,
                                             **common)
-    _band_dkdv[(triton.cdiv(tk, bn), b * hkv)](q, k, v, do, lse, delta, dk_, dv_, *strides, *geo, tq, G=hq // hkv,
-                                               HKV=hkv, **common)
+    # The compressed branch's key tiles are few (T / d / BN per KV head) and each is read by every
+    # later query: one program per query head, fp32 partials summed over the group after, keeps
+    # the GPU full. The window's key tiles are many and each is read by w queries only.
+    group = hq // hkv
+    nsplit = group if mode == CMP and group > 1 else 1
+    if nsplit > 1:
+        pk = torch.empty(b, tk, hkv * nsplit, dk, dtype=torch.float32, device=q.device)
+        pv = torch.empty(b, tk, hkv * nsplit, dv, dtype=torch.float32, device=q.device)
+    else:
+        pk, pv = dk_, dv_
+    _band_dkdv[(triton.cdiv(tk, bn), b * hkv * nsplit)](
+        q, k, v, do, lse, delta, pk, pv, *strides, *geo, tq, pk.stride(0), pk.stride(1), pk.stride(2), pv.stride(0),
+        pv.stride(1), pv.stride(2), G=group, HKV=hkv, NSPLIT=nsplit, **common)
+    if nsplit > 1:   # a fixed-order sum over the group's heads: deterministic
+        dk_.copy_(pk.view(b, tk, hkv, nsplit, dk).sum(3))
+        dv_.copy_(pv.view(b, tk, hkv, nsplit, dv).sum(3))
     return dq, dk_, dv_
 
 
