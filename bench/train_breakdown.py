@@ -41,8 +41,9 @@ def _time(fn, rep: int) -> tuple[list[float], float]:
 
 
 def cell(hq: int, hkv: int, t: int, rep: int, d: int = 128) -> dict:
-    from nsa import NSAAttention, NSAConfig, ops
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from nsa import NSAAttention, NSAConfig, ops
 
     dev, dt = "cuda", torch.bfloat16
     cfg = NSAConfig(dim=hq * d, n_heads=hq, n_kv_heads=hkv, head_dim_qk=d, head_dim_v=d)

@@ -274,7 +274,9 @@ def plan(calls: dict[str, AttnCall], requested: str | dict[str, str] = "auto", t
     # A prefill of one shape, or a decode step at one length, asks the same question every call:
     # the answer is cached per thresholds object (the checks below cost ~50 us of Python, which
     # at 1k tokens is ~10% of an H100 NSA call).
-    memo = _PLANS.setdefault(t, {}) if t is not None else None
+    # Under torch.compile the plan is traced as plain Python (dynamo cannot hash the memo's keys);
+    # the compiled graph keeps the plan it traced and guards on the shapes it came from.
+    memo = _PLANS.setdefault(t, {}) if t is not None and not torch.compiler.is_compiling() else None
     key = (_request_key(requested), tuple((b, _call_key(c)) for b, c in calls.items()))
     if memo is not None and key in memo:
         return _recorded(memo[key])
@@ -300,6 +302,8 @@ def _call_key(c: AttnCall) -> tuple:
 
 
 def _recorded(result: Plan) -> Plan:
+    if torch.compiler.is_compiling():
+        return result
     for branch, bp in result.branches.items():
         record(keys.BRANCH_OPS[branch], result.seq_len, bp.backend, bp.why)
     record("nsa_plan", result.seq_len, result.label, f"class {result.cls}, profile {result.profile}")

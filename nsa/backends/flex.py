@@ -12,9 +12,8 @@ import functools
 import torch
 from torch import Tensor
 
-from nsa.backends import AttnCall, OPS, caps, shape_cached
+from nsa.backends import OPS, AttnCall, caps, shape_cached
 from nsa.masks import cmp_visible_count, positions, selected_block_onehot
-
 
 # flex_attention has its own backward (compiled on CUDA); masks are built from shapes and indices.
 CAPABILITIES = caps(backward=OPS)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nsa.backends import AttnCall, OPS, caps, shape_cached
+from nsa.backends import OPS, AttnCall, caps, shape_cached
 from nsa.masks import compressed_mask, n_compressed, positions, selected_mask, selected_tokens, sliding_mask
 
 # Largest whole-sequence mask (Tq * Tk elements) the short path builds; above it, query chunks.

@@ -15,7 +15,6 @@ from torch import Tensor
 
 from nsa.backends import AttnCall, _fa2_common, caps
 
-
 # aten._flash_attention_forward has a derivative (sliding: the batched causal window); the
 # compressed buckets pass seqused_k, which the derivative does not take, so only the sliding op trains.
 # No selected op.

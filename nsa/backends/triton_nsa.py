@@ -55,13 +55,13 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
 
 if triton is not None:
+    from nsa.backends.triton_kernels import autograd as _train
     from nsa.backends.triton_kernels import compressed as _cmp
     from nsa.backends.triton_kernels import decode as _dec
     from nsa.backends.triton_kernels import selection as _sel
     from nsa.backends.triton_kernels import selection_blocks as _selb
     from nsa.backends.triton_kernels import sliding as _win
     from nsa.backends.triton_kernels import topn as _topn
-    from nsa.backends.triton_kernels import autograd as _train
 
 __all__ = ["PROFILES", "TILES", "Tiles", "beside", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_counts", "decode_step",
            "decode_unsupported_reason", "distinct_blocks", "kernels_interpreted", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",

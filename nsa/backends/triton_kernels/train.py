@@ -66,7 +66,7 @@ def _band_visible(t_abs, kpos, window, MODE: tl.constexpr):
 
 
 @triton.jit
-def _band_fwd(Q, K, V, O, LSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slh,
+def _band_fwd(Q, K, V, Out, LSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slh,
               Tq, Tk, q_start, koff, kstride, window, qk_scale2, NK_HOST: tl.constexpr,
               G: tl.constexpr, HQ: tl.constexpr, MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr,
@@ -111,8 +111,8 @@ def _band_fwd(Q, K, V, O, LSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob,
         m_i = m_new
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    tl.store(O + b * sob + offs_m[:, None].to(tl.int64) * sot + hq * soh + offs_dv[None, :],
-             o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
+    tl.store(Out + b * sob + offs_m[:, None].to(tl.int64) * sot + hq * soh + offs_dv[None, :],
+             o.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     tl.store(LSE + b * slb + hq * slh + offs_m, lse, mask=row_ok)
 
@@ -317,7 +317,7 @@ def _sel_rows(Q, b, i, hk, sqb, sqt, sqh, G: tl.constexpr, RP: tl.constexpr, BDK
 
 
 @triton.jit
-def _sel_fwd(Q, K, V, IDX, O, LSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, sib, sit, sih,
+def _sel_fwd(Q, K, V, IDX, Out, LSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, sib, sit, sih,
              slb, slh, Tq, Tk, q_start, k_start, qk_scale2, NSEL: tl.constexpr,
              G: tl.constexpr, HKV: tl.constexpr, RP: tl.constexpr, SB: tl.constexpr, DK: tl.constexpr,
              DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr):
@@ -356,8 +356,8 @@ def _sel_fwd(Q, K, V, IDX, O, LSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, 
         m_i = m_new
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    tl.store(O + b * sob + i.to(tl.int64) * sot + (hk * G + g)[:, None] * soh + offs_dv[None, :],
-             o.to(O.dtype.element_ty), mask=ok[:, None] & (offs_dv[None, :] < DV))
+    tl.store(Out + b * sob + i.to(tl.int64) * sot + (hk * G + g)[:, None] * soh + offs_dv[None, :],
+             o.to(Out.dtype.element_ty), mask=ok[:, None] & (offs_dv[None, :] < DV))
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     tl.store(LSE + b * slb + (hk * G + g) * slh + i, lse, mask=ok)
 
