@@ -5,8 +5,8 @@ Stages, each a file under --out-dir (default out/):
           `--size auto` asks a subprocess whether torch sees a GPU: CUDA -> nightly, CPU -> smoke
           (FA-2 needs CUDA, so a CPU run records it as unavailable and the report says so; the triton
           suite runs on a CPU only under TRITON_INTERPRET=1, and CPU timings never propose).
-          Suites by default: fa2,triton,calibration, plus auto,fast,decode (auto against the best
-          plan, the fast path at the paper layout, decode steps) for a nightly or full sweep on
+          Suites by default: fa2,triton,calibration, plus auto,fast,decode,train (auto against the best
+          plan, the fast path at the paper layout, decode steps, training steps) for a nightly or full sweep on
           CUDA, as the GPU workflow's nightly sweep; a CPU smoke run stays short.
           Skipped with --results, which decides on existing results files instead.
   decide  -> decision.json (exit 3 on parity failures; history and the report still run, the PR does not).
@@ -55,7 +55,7 @@ HELP = "the main job: sweep this machine, decide, report, threshold PR (dry run 
 DEFAULT_SUITES = "fa2,triton,calibration"
 # Added for a nightly or full sweep on CUDA: auto against every plan, the fast path at the paper
 # layout and decode steps (the GPU workflow's nightly suites; a CPU smoke run stays short).
-GPU_SUITES = "auto,fast,decode"
+GPU_SUITES = "auto,fast,decode,train"
 GPU_SIZES = ("nightly", "full")
 HISTORY_ENV, HISTORY_STORE = "NSA_HISTORY_DIR", "history-store"
 EXIT_REGRESSION = 4

@@ -1,6 +1,7 @@
 """Trend plots: headline cases' medians (p20-p80 bars) over the last runs of one GPU model.
 
 Headlines: the paper layout (Hq 64, Hkv 4, D 128) prefill, NSA against dense, at 16k and at 64k;
+the training step (forward + backward, `train` suite) of the same layout and lengths;
 decode at 64k (all branches, with the dense decode of the same shape where the run timed one); and
 each threshold key's deciding cells, passed in by the caller (``{key: [case ids]}``, from the
 decision's cells used for it). ``headlines`` and ``series`` are pure; ``plot_headline`` and
@@ -58,6 +59,11 @@ def headlines(cases: Iterable[Mapping[str, Any] | HistoryCase],
                      and all(p.get(k) == v for k, v in PAPER.items()) and p.get("Dv", 128) == 128
                      and "part" not in p and "branches" not in p and "dim" not in p)
         out.append(Headline(f"prefill_T{t}", f"prefill, paper layout (Hq64/Hkv4/D128), T={t // 1024}k", ids))
+    for t in PREFILL_T:
+        # A training step (forward + backward) of the whole attention, NSA against dense (`train` suite).
+        ids = sorted(cid for cid, op, p in rows if op in ("nsa_train", "dense") and cid.startswith("train/")
+                     and p.get("T") == t and p.get("part") == "all" and all(p.get(k) == v for k, v in PAPER.items()))
+        out.append(Headline(f"train_T{t}", f"training step (fwd + bwd), paper layout, T={t // 1024}k", ids))
     decode = sorted(cid for cid, op, p in rows if p.get("T") == DECODE_T and (
         (op == "nsa_decode" and p.get("branches", "all") == "all") or (op == "dense" and "dim" in p)))
     out.append(Headline(f"decode_T{DECODE_T}", f"decode step at {DECODE_T // 1024}k tokens", decode))

@@ -178,6 +178,12 @@ class NSAAttention(nn.Module):
         under `plan.grad` the compressed output comes from the compressed op, which has a backward."""
         c = self.config
         o_cmp = idx = None
+        if plan.grad and plan.scores != "torch" and {"cmp", "sel"} <= set(branches) and \
+                plan.backend("cmp") == plan.scores and "train_scores" in backends.capabilities(plan.scores).fusions:
+            # One training pass: the compressed output with its backward, the blocks from its statistics.
+            return backends.module(plan.scores).compressed_select_train(
+                q, kc, vc, block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, sel_count=c.sel_count,
+                scale=c.softmax_scale, q_start=q_start)
         if plan.scores != "torch":
             fused = backends.module(plan.scores)
             take_cmp = "cmp" in branches and plan.backend("cmp") == plan.scores and not plan.grad

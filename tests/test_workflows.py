@@ -163,7 +163,7 @@ def test_gpu_workflow_shape() -> None:
     assert {"gpu", "sm90", "sm89", "sm80"} <= set(labels)
 
 
-NIGHTLY_SUITES = "fa2,triton,calibration,auto,fast,decode"
+NIGHTLY_SUITES = "fa2,triton,calibration,auto,fast,decode,train"
 
 
 def test_the_sweep_defaults_to_every_nightly_suite_on_dispatch_and_schedule() -> None:

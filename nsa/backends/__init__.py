@@ -42,8 +42,10 @@ OPS = ("sliding", "compressed", "selected")
 #   gated        selected_gated(...): the selection kernel forms the gated sum in its epilogue
 #   beside       beside(side, chain, finish, ...): the prefill window on a stream beside the chain
 #   decode_step  decode_step(...), decode_counts(...), decode_unsupported_reason(...): a whole step
-# No fusion has a backward: a call that needs gradients runs the separate ops.
-FUSIONS = ("scores", "gated", "beside", "decode_step")
+#   train_scores compressed_select_train(...): for a call that needs gradients, the compressed
+#                output (with gradients) and the top-n blocks from one training pass
+# Only train_scores has a backward: otherwise a call that needs gradients runs the separate ops.
+FUSIONS = ("scores", "gated", "beside", "decode_step", "train_scores")
 
 
 @dataclass(frozen=True)

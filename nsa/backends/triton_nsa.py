@@ -8,6 +8,7 @@ scores, top-n, sliding).
     sliding(call), compressed(call), selected(call)     the registry's ops, `AttnCall` in
     compressed_and_scores(q, k_cmp, v_cmp, ...)        compressed output + selection scores
     compressed_select(q, k_cmp, v_cmp, ...)            compressed output + top-n blocks (scores kept internal)
+    compressed_select_train(q, k_cmp, v_cmp, ...)      the same for training: output with gradients, one pass
     topn(scores, q_start, ...)                          block indices from scores
     selected_gated(q, k, v, idx, ...)                   selected attention + the gated sum
     beside(side, chain, finish, device=, rows=)         prefill: the window on a stream beside the chain
@@ -67,7 +68,7 @@ __all__ = ["PROFILES", "TILES", "Tiles", "beside", "compressed", "compressed_and
            "decode_unsupported_reason", "distinct_blocks", "kernels_interpreted", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
            "unsupported_reason", "use_tiles"]
 
-CAPABILITIES = caps(backward=OPS, fusions=("scores", "gated", "beside", "decode_step"))
+CAPABILITIES = caps(backward=OPS, fusions=("scores", "train_scores", "gated", "beside", "decode_step"))
 
 # The H100 values as a read-only mapping, for readers of the old module-level table. Launches
 # never read it: they use `current_tiles(device)`.
@@ -357,6 +358,32 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
     if sel_count < 1:
         raise ValueError(f"sel_count must be >= 1, got {sel_count}; the paper uses 16")
     return _topn.topn(scores, q_start, sel_block=sel_block, sel_count=sel_count, tiles=_tiles(scores, tiles))
+
+
+def compressed_select_train(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int, stride: int, sel_block: int,
+                            sel_count: int, scale: float, q_start: int = 0,
+                            tiles: Tiles | None = None) -> tuple[Tensor, Tensor]:
+    """The `train_scores` fusion: the compressed branch's training forward (its output carries
+    gradients; it keeps its log-sum-exp for the backward) and the top-n blocks from that same
+    log-sum-exp, so a training call makes one compressed pass, not an inference pass for the
+    blocks and a training pass for the output. The blocks carry no gradient."""
+    _require()
+    _check_qkv(q, k_cmp, v_cmp, "q, k_cmp, v_cmp")
+    _check_block("sel_block", sel_block)
+    tiles = _tiles(q, tiles)
+    o, lse2 = _train.band_attn(q, k_cmp, v_cmp, _train.CMP, 0, block, stride, scale, q_start, 0)
+    with torch.no_grad():
+        idx = _cmp.select_from_lse(q.detach(), k_cmp.detach(), lse2.detach() * _LN2, block=block, stride=stride,
+                                   sel_block=sel_block, sel_count=sel_count, scale=scale, q_start=q_start,
+                                   tiles=tiles)
+        if idx is None:
+            _, idx = compressed_select(q.detach(), k_cmp.detach(), v_cmp.detach(), block=block, stride=stride,
+                                       sel_block=sel_block, sel_count=sel_count, scale=scale, q_start=q_start,
+                                       tiles=tiles)
+    return o, idx
+
+
+_LN2 = 0.6931471805599453
 
 
 def compressed(call: AttnCall) -> Tensor:

@@ -51,3 +51,19 @@ def test_write_trends_writes_one_png_per_headline_with_data(tmp_path: Path) -> N
     for p in written:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted(p.name for p in written)  # no temp
+
+
+def test_headlines_pick_the_training_steps_of_the_paper_layout() -> None:
+    """The committed H200 train run (results/h200/train/train-nightly.json): its whole-attention
+    cells at 16k and 64k, NSA and dense, never the per-branch ones."""
+    import json
+    from pathlib import Path
+
+    run = json.loads((Path(__file__).resolve().parents[2] / "results/h200/train/train-nightly.json").read_text())
+    heads = {h.name: h for h in trends.headlines(run["cases"])}
+    for t in (16384, 65536):
+        ids = heads[f"train_T{t}"].case_ids
+        assert any(i.startswith("train/nsa_train/triton/") for i in ids)
+        assert any(i.startswith("train/dense/sdpa_cudnn/") for i in ids)
+        assert all("partall" in i and f"T{t}-" in i for i in ids)
+    assert "prefill_T16384" not in heads     # training cells are not prefill cells

@@ -360,10 +360,8 @@ def _compressed_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tenso
     the group scores from the log-sum-exp over (key tile, query tile) programs (`spill`: the
     scores kernel's SPILL mode, `s` not zeroed, key-tile spills into `spill [B, Tq, Hkv, tiles]`)."""
     b, tq, hq, dk = q.shape
-    tc, hkv = k_cmp.shape[1], k_cmp.shape[2]
-    group = hq // hkv
+    group = hq // k_cmp.shape[2]
     lse = torch.empty(b, hq, tq, dtype=torch.float32, device=q.device)
-    exact = q.dtype == torch.float32
 
     def one_pass(start: int) -> None:   # queries start.. of this call through _cmp_lse
         _launch_lse(q[:, start:], k_cmp, v_cmp, o[:, start:], lse[:, :, start:], block=block, stride=stride,
@@ -377,6 +375,20 @@ def _compressed_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tenso
         one_pass(0)
     if not scores:
         return o, None
+    _launch_scores(q, k_cmp, lse, s, spill, block=block, stride=stride, sel_block=sel_block, scale=scale,
+                   q_start=q_start, tiles=tiles)
+    return o, s
+
+
+def _launch_scores(q: Tensor, k_cmp: Tensor, lse: Tensor, s: Tensor, spill: Tensor | None, *, block: int,
+                   stride: int, sel_block: int, scale: float, q_start: int, tiles: Tiles) -> None:
+    """`scores._cmp_scores`: the group scores from the compressed branch's log-sum-exp `lse
+    [B, Hq, Tq]` (natural log, +inf on rows that see nothing) into `s` (zeroed; or, with `spill`,
+    written without zeroing and the key-tile spills into `spill`)."""
+    b, tq, hq, dk = q.shape
+    tc, hkv = k_cmp.shape[1], k_cmp.shape[2]
+    group = hq // hkv
+    exact = q.dtype == torch.float32
     r, e = _stride_map(block, stride, sel_block, tiles)
     bq, bk = tiles.scr_bq, tiles.scr_bk
     sp = spill if spill is not None else s
@@ -387,4 +399,21 @@ def _compressed_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Tenso
         sp.stride(1), sp.stride(2), tq, tc, s.shape[-1], q_start, scale * LOG2E,
         HKV=hkv, G=group, L=block, D=stride, R=r, E=e, BQ=bq, BK=bk, DK=dk, BDK=np2(dk), IEEE=exact,
         SPILL=spill is not None, QT=qt, GATHER=tiles.scr_gather, **tiles.launch("scr"))
-    return o, s
+
+
+def select_from_lse(q: Tensor, k_cmp: Tensor, lse: Tensor, *, block: int, stride: int, sel_block: int,
+                    sel_count: int, scale: float, q_start: int, tiles: Tiles) -> Tensor | None:
+    """The top-n blocks `[B, Tq, Hkv, sel_count]` (int32) from a compressed pass already made (its
+    log-sum-exp `lse [B, Hq, Tq]`, natural log): the scores kernel, then top-n, as
+    `compressed_select` finds them after its own pass. A training forward, which keeps its
+    log-sum-exp for the backward, so needs no second compressed pass. None where the scores
+    kernel's block map does not apply (`_stride_map`): the caller runs `compressed_select`."""
+    tq, tc = q.shape[1], k_cmp.shape[1]
+    if tq == 0 or tc == 0 or _stride_map(block, stride, sel_block, tiles) is None:
+        return None
+    q, k_cmp = unit_last_stride(q, k_cmp)
+    nb = (q_start + tq - 1) // sel_block + 1
+    s = torch.zeros(q.shape[0], tq, k_cmp.shape[2], nb, dtype=torch.float32, device=q.device)
+    _launch_scores(q, k_cmp, lse.contiguous(), s, None, block=block, stride=stride, sel_block=sel_block,
+                   scale=scale, q_start=q_start, tiles=tiles)
+    return _topn.topn(s, q_start, sel_block=sel_block, sel_count=sel_count, tiles=tiles)

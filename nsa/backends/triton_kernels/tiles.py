@@ -155,7 +155,9 @@ class Tiles:
     trn_bn: int = 64              # band kernels: keys per tile
     trn_warps: int = 4
     trn_stages: int | None = 2
-    trnsel_warps: int = 2         # selected forward / dQ: one (query, KV group) per program, >= 16 rows
+    trnsel_warps: int = 4         # selected forward / dQ: one (query, KV group) per program, >= 16 rows (H200, 64/4
+                                  # heads at 64k, the branch's training step: 2 warps 58.9 ms, 4 warps 56.4;
+                                  # results/h200/train/train-tiles-64k.json)
     trnsel_stages: int | None = 2
     trn_sel_rows: int = 64        # selected dK/dV: (list entry, head) rows per step
     trn_sel_chunk: int = 1024     # selected dK/dV: list entries (queries) per work item at most; a longer list
