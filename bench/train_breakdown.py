@@ -20,15 +20,11 @@ import sys
 import torch
 
 
-def _time(fn, rep: int) -> tuple[list[float], float]:
-    for _ in range(3):
+def event_samples(fn, rep: int, warmup: int = 3) -> list[float]:
+    """`warmup` untimed calls, then `rep` calls each timed by a pair of CUDA events (ms)."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
     samples = []
     for _ in range(rep):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -37,7 +33,20 @@ def _time(fn, rep: int) -> tuple[list[float], float]:
         b.record()
         b.synchronize()
         samples.append(a.elapsed_time(b))
-    return samples, peak
+    return samples
+
+
+def _time(fn, rep: int) -> tuple[list[float], float]:
+    """Raw samples after 3 warm-up calls, and the peak memory (GiB) of one call before them."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30
+    return event_samples(fn, rep, warmup=0), peak
 
 
 def cell(hq: int, hkv: int, t: int, rep: int, d: int = 128) -> dict:

@@ -17,6 +17,8 @@ import statistics
 
 import torch
 
+from bench.train_breakdown import event_samples
+
 VARIANTS = {
     "base": {},
     "bm128_w8": {"trn_bm": 128, "trn_warps": 8},
@@ -29,21 +31,6 @@ VARIANTS = {
     "sel_rows128_w8": {"trn_sel_rows": 128, "trn_warps": 8},
     "sel_chunk256": {"trn_sel_chunk": 256},
 }
-
-
-def _timed(fn, rep: int) -> list[float]:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rep):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b))
-    return samples
 
 
 def _parts(t, q, k, v, kc, vc, idx, do, tiles, rep) -> list[dict]:
@@ -79,7 +66,7 @@ def _parts(t, q, k, v, kc, vc, idx, do, tiles, rep) -> list[dict]:
     }
     out = []
     for name, fn in parts.items():
-        samples = _timed(fn, rep)
+        samples = event_samples(fn, rep)
         out.append({"T": t, "part": name, "ms_median": statistics.median(samples), "samples_ms": samples})
         print(f"T={t} part {name}: {statistics.median(samples):.2f} ms", flush=True)
     return out
@@ -129,17 +116,7 @@ def _sweep(t: int, args: argparse.Namespace, base, rows: list[dict]) -> None:
             tiles = dataclasses.replace(base, **change)
             try:
                 with use_tiles(tiles):
-                    for _ in range(3):
-                        torch.autograd.grad(fn(), ins, do)
-                    torch.cuda.synchronize()
-                    samples = []
-                    for _ in range(args.rep):
-                        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        a.record()
-                        torch.autograd.grad(fn(), ins, do)
-                        b.record()
-                        b.synchronize()
-                        samples.append(a.elapsed_time(b))
+                    samples = event_samples(lambda fn=fn, ins=ins: torch.autograd.grad(fn(), ins, do), args.rep)
             except Exception as exc:  # a tile the compiler refuses (shared memory): recorded
                 rows.append({"T": t, "branch": branch, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
                 print(f"T={t} {branch} {name}: {type(exc).__name__}", flush=True)
