@@ -104,6 +104,9 @@ class NSACache:
     # The fused Triton decode step's per-group counts (triton_nsa.decode_counts): zero between
     # steps, kept here so that no step spends a kernel zeroing them. None until the first step.
     dec_counts: Tensor | None = None
+    # The cache layout of the layer that made it (NSAAttention.new_cache): a layer with another
+    # layout refuses the cache instead of broadcasting it into wrong output.
+    layout: tuple | None = None
 
     @property
     def k_cmp(self) -> Tensor | None:

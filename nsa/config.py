@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -60,8 +61,10 @@ class NSAConfig:
             raise ValueError(
                 f"NSAConfig.head_dim_qk must be even when rope=True, got {self.head_dim_qk}; "
                 "use an even head dim or rope=False")
-        if self.scale is not None and not self.scale > 0:
-            raise ValueError(f"NSAConfig.scale must be positive or None, got {self.scale!r}")
+        if self.scale is not None and not (isinstance(self.scale, (int, float)) and not isinstance(self.scale, bool)
+                                           and math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"NSAConfig.scale must be a finite positive number or None (head_dim_qk ** -0.5), "
+                             f"got {self.scale!r}")
 
     @property
     def group_size(self) -> int:

@@ -129,6 +129,7 @@ class NSAAttention(nn.Module):
         """The dispatch plan of a prefill (or a chunk at `q_start`) for these projections: the one
         `attend` runs. It compresses the keys, as `attend` does, since the compressed call's shape
         is part of the plan."""
+        _check_branches(branches)
         return dispatch.plan(self._calls(q, kv, *self._compressed(kv, branches), branches, q_start,
                                          grad=self._grad_of(q, kv)), self.backend)
 
@@ -140,6 +141,7 @@ class NSAAttention(nn.Module):
         compressed keys). Memory: each branch op's (see nsa.ops), plus one `[B, T, Hq, dv]` output
         per branch.
         """
+        _check_branches(branches)
         if not branches:
             return q.new_zeros(*q.shape[:3], self.config.head_dim_v)
         kc, vc = self._compressed(kv, branches)
@@ -244,12 +246,30 @@ class NSAAttention(nn.Module):
     def forward(self, x: Tensor, branches: Sequence[str] = BRANCHES) -> Tensor:
         """Prefill: `x [B, T, dim]` -> `[B, T, dim]`."""
         _check_input(x, self.config)
+        _check_branches(branches)
         q, kv, gates = self.project(x)
         return self._out(self.attend(q, kv, gates, branches))
 
+    def _layout(self) -> tuple:
+        """What a cache's contents depend on: heads, head dims, kv mode, compression and window."""
+        c = self.config
+        return (("n_kv_heads", c.n_kv_heads), ("head_dim_qk", c.head_dim_qk), ("head_dim_v", c.head_dim_v),
+                ("kv", c.kv), ("phi", c.phi), ("cmp_block", c.cmp_block), ("cmp_stride", c.cmp_stride),
+                ("sel_block", c.sel_block), ("window", c.window))
+
+    def _check_cache(self, cache: NSACache) -> None:
+        if not isinstance(cache, NSACache):
+            raise TypeError(f"cache must be an NSACache from this layer's new_cache() or prefill(), got "
+                            f"{type(cache).__name__}")
+        if cache.layout is not None and cache.layout != self._layout():
+            theirs, ours = dict(cache.layout), dict(self._layout())
+            diff = ", ".join(f"{k} {theirs.get(k)!r} != {ours[k]!r}" for k in ours if theirs.get(k) != ours[k])
+            raise ValueError(f"this cache was made by a layer of another layout ({diff}); make the cache with this "
+                             "layer's new_cache() or prefill()")
+
     def new_cache(self) -> NSACache:
         c = self.config
-        cache = NSACache()
+        cache = NSACache(layout=self._layout())
         if c.kv == "shared":
             cache.raw["shared"] = (TokenBuffer(), TokenBuffer())
         else:
@@ -261,6 +281,7 @@ class NSAAttention(nn.Module):
     def prefill(self, x: Tensor, branches: Sequence[str] = BRANCHES) -> tuple[Tensor, NSACache]:
         """Prefill `x [B, T, dim]` and return its output and a cache ready for `step`."""
         _check_input(x, self.config)
+        _check_branches(branches)
         q, kv, gates = self.project(x)
         y = self._out(self.attend(q, kv, gates, branches))
         cache = self.new_cache()
@@ -298,6 +319,8 @@ class NSAAttention(nn.Module):
         """
         c = self.config
         _check_input(x_t, c)
+        _check_branches(branches)
+        self._check_cache(cache)
         if x_t.shape[1] != 1:
             raise ValueError(f"step takes one token x_t [B, 1, dim], got T={x_t.shape[1]}; use prefill for more")
         t = cache.length
@@ -315,6 +338,8 @@ class NSAAttention(nn.Module):
         `t = cache.length - 1`, whose K/V the cache already holds -> `[B, 1, Hq, dv]`. Sets
         `cache.reads`; changes nothing else, so it can be replayed (CUDA graphs)."""
         c = self.config
+        _check_branches(branches)
+        self._check_cache(cache)
         t = cache.length - 1
         reads = ReadCounts()
         if not branches:
@@ -404,3 +429,11 @@ def _check_input(x: Tensor, c: NSAConfig) -> None:
     if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != c.dim:
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise ValueError(f"x must be [B, T, dim={c.dim}], got {shape}")
+    if x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"x must hold at least one sequence of at least one token, got [B, T, dim] = "
+                         f"{tuple(x.shape)}; skip empty batches and prompts before the layer")
+
+
+def _check_branches(branches: Sequence[str]) -> None:
+    if isinstance(branches, str) or any(b not in BRANCHES for b in branches):
+        raise ValueError(f"branches must be a sequence of names among {BRANCHES}, got {branches!r}")

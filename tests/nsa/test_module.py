@@ -150,3 +150,53 @@ def test_plan_is_what_attend_runs(backend, branches, seed):
     ran = [r for r in rec if r["op"] == "nsa_plan"]
     assert len(ran) == 1 and ran[0]["backend"] == planned.label
     assert set(planned.branches) == set(branches)
+
+
+# --- misuse gets the fix, never wrong output or an internal error (issue 34, item 10) ------------
+def _small(**kw):
+    base = dict(dim=32, n_heads=4, n_kv_heads=2, head_dim_qk=16, head_dim_v=16, cmp_block=8, cmp_stride=4,
+                sel_block=16, sel_count=3, window=16)
+    return NSAConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("change", [dict(n_kv_heads=1), dict(window=32), dict(kv="shared"), dict(head_dim_v=8)])
+def test_a_cache_of_another_layout_is_refused(change):
+    torch.manual_seed(0)
+    made_by = NSAAttention(_small())
+    other = NSAAttention(_small(**change))
+    x = torch.randn(1, 20, 32)
+    with torch.no_grad():
+        _, cache = made_by.prefill(x)
+        key = next(iter(change))
+        with pytest.raises(ValueError, match=rf"another layout \({key} .*new_cache\(\) or prefill\(\)"):
+            other.step(x[:, :1], cache)
+        with pytest.raises(ValueError, match="another layout"):
+            other.decode_attend(torch.randn(1, 1, 4, 16), torch.rand(1, 1, 4, 3), cache)
+        made_by.step(x[:, :1], cache)           # the layer that made it takes it
+
+
+@pytest.mark.parametrize("scale", [float("inf"), float("nan"), -1.0, 0.0, True])
+def test_config_refuses_a_scale_that_is_not_finite_and_positive(scale):
+    with pytest.raises(ValueError, match="finite positive"):
+        _small(scale=scale)
+
+
+@pytest.mark.parametrize("shape", [(0, 5, 32), (1, 0, 32)])
+def test_empty_batches_and_prompts_get_the_fix(shape):
+    m = NSAAttention(_small())
+    with pytest.raises(ValueError, match="at least one sequence of at least one token"):
+        m(torch.randn(*shape))
+    with pytest.raises(ValueError, match="at least one sequence of at least one token"):
+        m.prefill(torch.randn(*shape))
+
+
+@pytest.mark.parametrize("branches", [("foo",), "cmp", ("cmp", "window")])
+def test_unknown_branches_get_the_fix(branches):
+    m = NSAAttention(_small())
+    x = torch.randn(1, 20, 32)
+    with pytest.raises(ValueError, match="branches must be a sequence of names among"):
+        m(x, branches=branches)
+    with torch.no_grad():
+        _, cache = m.prefill(x)
+        with pytest.raises(ValueError, match="branches must be"):
+            m.step(x[:, :1], cache, branches=branches)
