@@ -38,10 +38,39 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from nsa.backends.triton_kernels.common import LOG2E, _dot, np2, unit_last_stride
+from nsa.backends.triton_kernels.common import LOG2E, _dot, _pv, _softmax_step, np2, unit_last_stride
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 WIN, CMP = 0, 1
+
+
+# --- shared pieces ---------------------------------------------------------------------------
+@triton.jit
+def _tile(X, row_off, ok, BD: tl.constexpr, D: tl.constexpr):
+    """Rows of X at element offsets `row_off` (int64), columns `:D` padded to BD; 0 where not `ok`."""
+    offs = tl.arange(0, BD)
+    return tl.load(X + row_off[:, None] + offs[None, :], mask=ok[:, None] & (offs[None, :] < D), other=0.0)
+
+
+@triton.jit
+def _store_tile(X, row_off, ok, x, BD: tl.constexpr, D: tl.constexpr):
+    offs = tl.arange(0, BD)
+    tl.store(X + row_off[:, None] + offs[None, :], x.to(X.dtype.element_ty), mask=ok[:, None] & (offs[None, :] < D))
+
+
+@triton.jit
+def _finish(acc, m_i, l_i):
+    """Output rows and their log-sum-exp (log2 units; +inf on a row that saw no key)."""
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    return o, tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+
+
+@triton.jit
+def _grad_tile(q, k, v, do, lse, delta, vis, qk_scale2, IEEE: tl.constexpr):
+    """p rebuilt from the saved log-sum-exp (0 where not `vis`), and dS = p * (dO V^T - delta)."""
+    p = tl.where(vis, tl.exp2(_dot(q, tl.trans(k), IEEE) * qk_scale2 - lse[:, None]), 0.0)
+    return p, p * (_dot(do, tl.trans(v), IEEE) - delta[:, None])
 
 
 # --- band: sliding window and compressed ------------------------------------------------------
@@ -66,54 +95,52 @@ def _band_visible(t_abs, kpos, window, MODE: tl.constexpr):
 
 
 @triton.jit
+def _band_rows(Q, pid_m, bh, sqb, sqt, sqh, Tq, Tk, q_start, koff, kstride, window, G: tl.constexpr,
+               HQ: tl.constexpr, MODE: tl.constexpr, BM: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr):
+    """A (query tile, query head) program's rows: batch, heads, query offsets, positions, the
+    queries, and the key range [lo, hi) they can see."""
+    b = (bh // HQ).to(tl.int64)
+    hq = bh % HQ
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    row_ok = offs_m < Tq
+    q = _tile(Q, b * sqb + offs_m.to(tl.int64) * sqt + hq * sqh, row_ok, BDK, DK)
+    t_first = q_start + pid_m * BM
+    t_last = q_start + tl.minimum(pid_m * BM + BM, Tq) - 1
+    lo, hi = _band_keys(t_first, t_last, koff, kstride, window, Tk, MODE)
+    return b, hq, hq // G, offs_m, row_ok, q_start + offs_m, q, lo, hi
+
+
+@triton.jit
+def _band_kv(K, V, b, hk, j0, Tk, skb, skt, skh, svb, svt, svh, BN: tl.constexpr, BDK: tl.constexpr,
+             DK: tl.constexpr, BDV: tl.constexpr, DV: tl.constexpr):
+    """Keys and values `[j0, j0 + BN)` of KV head hk, and which of them exist."""
+    offs_n = j0 + tl.arange(0, BN)
+    in_k = offs_n < Tk
+    rows = offs_n.to(tl.int64)
+    k = _tile(K, b * skb + rows * skt + hk * skh, in_k, BDK, DK)
+    v = _tile(V, b * svb + rows * svt + hk * svh, in_k, BDV, DV)
+    return offs_n, in_k, k, v
+
+
+@triton.jit
 def _band_fwd(Q, K, V, Out, LSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slh,
               Tq, Tk, q_start, koff, kstride, window, qk_scale2, NK_HOST: tl.constexpr,
               G: tl.constexpr, HQ: tl.constexpr, MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr,
               DYN: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HQ).to(tl.int64)
-    hq = bh % HQ
-    hk = hq // G
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    row_ok = offs_m < Tq
-    t_abs = q_start + offs_m
-    offs_dk = tl.arange(0, BDK)
-    offs_dv = tl.arange(0, BDV)
-    q = tl.load(Q + b * sqb + offs_m[:, None].to(tl.int64) * sqt + hq * sqh + offs_dk[None, :],
-                mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    t_first = q_start + pid_m * BM
-    t_last = q_start + tl.minimum(pid_m * BM + BM, Tq) - 1
-    lo, hi = _band_keys(t_first, t_last, koff, kstride, window, Tk, MODE)
+    b, hq, hk, offs_m, row_ok, t_abs, q, lo, hi = _band_rows(Q, tl.program_id(0), tl.program_id(1), sqb, sqt, sqh,
+                                                             Tq, Tk, q_start, koff, kstride, window, G, HQ, MODE,
+                                                             BM, BDK, DK)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BDV], tl.float32)
     for j0 in range((lo // BN) * BN if DYN else 0, hi if DYN else NK_HOST, BN):   # interpreter: host bounds
-        offs_n = j0 + tl.arange(0, BN)
-        in_k = offs_n < Tk
-        k = tl.load(K + b * skb + offs_n[:, None].to(tl.int64) * skt + hk * skh + offs_dk[None, :],
-                    mask=in_k[:, None] & (offs_dk[None, :] < DK), other=0.0)
-        v = tl.load(V + b * svb + offs_n[:, None].to(tl.int64) * svt + hk * svh + offs_dv[None, :],
-                    mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        offs_n, in_k, k, v = _band_kv(K, V, b, hk, j0, Tk, skb, skt, skh, svb, svt, svh, BN, BDK, DK, BDV, DV)
         vis = _band_visible(t_abs, koff + offs_n * kstride, window, MODE) & in_k[None, :]
         s = tl.where(vis, _dot(q, tl.trans(k), IEEE) * qk_scale2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    empty = l_i == 0.0
-    o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    tl.store(Out + b * sob + offs_m[:, None].to(tl.int64) * sot + hq * soh + offs_dv[None, :],
-             o.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
-    lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, IEEE)
+    o, lse = _finish(acc, m_i, l_i)
+    _store_tile(Out, b * sob + offs_m.to(tl.int64) * sot + hq * soh, row_ok, o, BDV, DV)
     tl.store(LSE + b * slb + hq * slh + offs_m, lse, mask=row_ok)
 
 
@@ -124,43 +151,19 @@ def _band_dq(Q, K, V, DO, LSE, DELTA, DQ, sqb, sqt, sqh, skb, skt, skh, svb, svt
              DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr,
              DYN: tl.constexpr):
     """dQ of one (query tile, query head); DO and DQ share Q's / O's strides (sob.. for DO, sqb.. for DQ)."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HQ).to(tl.int64)
-    hq = bh % HQ
-    hk = hq // G
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    row_ok = offs_m < Tq
-    t_abs = q_start + offs_m
-    offs_dk = tl.arange(0, BDK)
-    offs_dv = tl.arange(0, BDV)
-    q = tl.load(Q + b * sqb + offs_m[:, None].to(tl.int64) * sqt + hq * sqh + offs_dk[None, :],
-                mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    do = tl.load(DO + b * sob + offs_m[:, None].to(tl.int64) * sot + hq * soh + offs_dv[None, :],
-                 mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    b, hq, hk, offs_m, row_ok, t_abs, q, lo, hi = _band_rows(Q, tl.program_id(0), tl.program_id(1), sqb, sqt, sqh,
+                                                             Tq, Tk, q_start, koff, kstride, window, G, HQ, MODE,
+                                                             BM, BDK, DK)
+    do = _tile(DO, b * sob + offs_m.to(tl.int64) * sot + hq * soh, row_ok, BDV, DV)
     lse = tl.load(LSE + b * slb + hq * slh + offs_m, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + b * slb + hq * slh + offs_m, mask=row_ok, other=0.0)
-    t_first = q_start + pid_m * BM
-    t_last = q_start + tl.minimum(pid_m * BM + BM, Tq) - 1
-    lo, hi = _band_keys(t_first, t_last, koff, kstride, window, Tk, MODE)
     dq = tl.zeros([BM, BDK], tl.float32)
     for j0 in range((lo // BN) * BN if DYN else 0, hi if DYN else NK_HOST, BN):   # interpreter: host bounds
-        offs_n = j0 + tl.arange(0, BN)
-        in_k = offs_n < Tk
-        k = tl.load(K + b * skb + offs_n[:, None].to(tl.int64) * skt + hk * skh + offs_dk[None, :],
-                    mask=in_k[:, None] & (offs_dk[None, :] < DK), other=0.0)
-        v = tl.load(V + b * svb + offs_n[:, None].to(tl.int64) * svt + hk * svh + offs_dv[None, :],
-                    mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        offs_n, in_k, k, v = _band_kv(K, V, b, hk, j0, Tk, skb, skt, skh, svb, svt, svh, BN, BDK, DK, BDV, DV)
         vis = _band_visible(t_abs, koff + offs_n * kstride, window, MODE) & in_k[None, :]
-        p = tl.where(vis, tl.exp2(_dot(q, tl.trans(k), IEEE) * qk_scale2 - lse[:, None]), 0.0)
-        dp = _dot(do, tl.trans(v), IEEE)
-        ds = p * (dp - delta[:, None])
-        if IEEE:
-            dq += tl.dot(ds, k.to(tl.float32), input_precision="ieee")
-        else:
-            dq += tl.dot(ds.to(k.dtype), k)
-    tl.store(DQ + b * sqb + offs_m[:, None].to(tl.int64) * sqt + hq * sqh + offs_dk[None, :],
-             (dq * scale).to(DQ.dtype.element_ty), mask=row_ok[:, None] & (offs_dk[None, :] < DK))
+        _, ds = _grad_tile(q, k, v, do, lse, delta, vis, qk_scale2, IEEE)
+        dq += _pv(ds, k, IEEE)
+    _store_tile(DQ, b * sqb + offs_m.to(tl.int64) * sqt + hq * sqh, row_ok, dq * scale, BDK, DK)
 
 
 @triton.jit
@@ -179,15 +182,8 @@ def _band_dkdv(Q, K, V, DO, LSE, DELTA, DK_, DV_, sqb, sqt, sqh, skb, skt, skh, 
     hk = (bh // NSPLIT) % HKV
     part = bh % NSPLIT
     HPP: tl.constexpr = G // NSPLIT
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    in_k = offs_n < Tk
+    offs_n, in_k, k, v = _band_kv(K, V, b, hk, pid_n * BN, Tk, skb, skt, skh, svb, svt, svh, BN, BDK, DK, BDV, DV)
     kpos = koff + offs_n * kstride
-    offs_dk = tl.arange(0, BDK)
-    offs_dv = tl.arange(0, BDV)
-    k = tl.load(K + b * skb + offs_n[:, None].to(tl.int64) * skt + hk * skh + offs_dk[None, :],
-                mask=in_k[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    v = tl.load(V + b * svb + offs_n[:, None].to(tl.int64) * svt + hk * svh + offs_dv[None, :],
-                mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0)
     # Queries (indices into Q) that can see a key of this tile.
     p_first = koff + pid_n * BN * kstride
     p_last = koff + (tl.minimum(pid_n * BN + BN, Tk) - 1) * kstride
@@ -204,27 +200,19 @@ def _band_dkdv(Q, K, V, DO, LSE, DELTA, DK_, DV_, sqb, sqt, sqh, skb, skt, skh, 
         for m0 in range((i_lo // BM) * BM if DYN else 0, i_hi if DYN else NQ_HOST, BM):   # interpreter: host bounds
             offs_m = m0 + tl.arange(0, BM)
             row_ok = offs_m < Tq
-            q = tl.load(Q + b * sqb + offs_m[:, None].to(tl.int64) * sqt + hq * sqh + offs_dk[None, :],
-                        mask=row_ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
-            do = tl.load(DO + b * sob + offs_m[:, None].to(tl.int64) * sot + hq * soh + offs_dv[None, :],
-                         mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+            rows = offs_m.to(tl.int64)
+            q = _tile(Q, b * sqb + rows * sqt + hq * sqh, row_ok, BDK, DK)
+            do = _tile(DO, b * sob + rows * sot + hq * soh, row_ok, BDV, DV)
             lse = tl.load(LSE + b * slb + hq * slh + offs_m, mask=row_ok, other=float("inf"))
             delta = tl.load(DELTA + b * slb + hq * slh + offs_m, mask=row_ok, other=0.0)
             vis = _band_visible(q_start + offs_m, kpos, window, MODE) & in_k[None, :]
-            p = tl.where(vis, tl.exp2(_dot(q, tl.trans(k), IEEE) * qk_scale2 - lse[:, None]), 0.0)   # [BM, BN]
-            dp = _dot(do, tl.trans(v), IEEE)
-            ds = p * (dp - delta[:, None])
-            if IEEE:
-                dv += tl.dot(tl.trans(p), do.to(tl.float32), input_precision="ieee")
-                dk += tl.dot(tl.trans(ds), q.to(tl.float32), input_precision="ieee")
-            else:
-                dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-                dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+            p, ds = _grad_tile(q, k, v, do, lse, delta, vis, qk_scale2, IEEE)   # [BM, BN]
+            dv += _pv(tl.trans(p), do, IEEE)
+            dk += _pv(tl.trans(ds), q, IEEE)
     ho = hk * NSPLIT + part
-    tl.store(DK_ + b * sdkb + offs_n[:, None].to(tl.int64) * sdkt + ho * sdkh + offs_dk[None, :],
-             (dk * scale).to(DK_.dtype.element_ty), mask=in_k[:, None] & (offs_dk[None, :] < DK))
-    tl.store(DV_ + b * sdvb + offs_n[:, None].to(tl.int64) * sdvt + ho * sdvh + offs_dv[None, :],
-             dv.to(DV_.dtype.element_ty), mask=in_k[:, None] & (offs_dv[None, :] < DV))
+    rows = offs_n.to(tl.int64)
+    _store_tile(DK_, b * sdkb + rows * sdkt + ho * sdkh, in_k, dk * scale, BDK, DK)
+    _store_tile(DV_, b * sdvb + rows * sdvt + ho * sdvh, in_k, dv, BDV, DV)
 
 
 def _band_geometry(mode: int, *, window: int, block: int, stride: int, k_start: int) -> tuple[int, int, int]:
@@ -308,12 +296,24 @@ def band_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: T
 # --- selected ---------------------------------------------------------------------------------
 @triton.jit
 def _sel_rows(Q, b, i, hk, sqb, sqt, sqh, G: tl.constexpr, RP: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr):
+    """One query's rows: the heads of group hk (RP >= G rows, the rest masked) and their queries."""
     g = tl.arange(0, RP)
     ok = g < G
-    offs_dk = tl.arange(0, BDK)
-    q = tl.load(Q + b * sqb + i.to(tl.int64) * sqt + (hk * G + g)[:, None] * sqh + offs_dk[None, :],
-                mask=ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    return g, ok, q
+    heads = hk * G + g
+    return heads, ok, _tile(Q, b * sqb + i.to(tl.int64) * sqt + heads * sqh, ok, BDK, DK)
+
+
+@triton.jit
+def _sel_block(K, V, IDX, b, i, hk, s_, t, k_start, Tk, sib, sit, sih, skb, skt, skh, svb, svt, svh,
+               SB: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, DV: tl.constexpr):
+    """Slot s_ of query i's block list: the block's keys and values `<= t` (none for a -1 slot)."""
+    blk = tl.load(IDX + b * sib + i.to(tl.int64) * sit + hk * sih + s_)
+    tok = blk * SB + tl.arange(0, SB)
+    kp = tok - k_start
+    valid = (blk >= 0) & (tok <= t) & (kp >= 0) & (kp < Tk)
+    rows = kp.to(tl.int64)
+    return valid, _tile(K, b * skb + rows * skt + hk * skh, valid, BDK, DK), \
+        _tile(V, b * svb + rows * svt + hk * svh, valid, BDV, DV)
 
 
 @triton.jit
@@ -326,40 +326,18 @@ def _sel_fwd(Q, K, V, IDX, Out, LSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh
     bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
     hk = bh % HKV
-    t = q_start + i
-    g, ok, q = _sel_rows(Q, b, i, hk, sqb, sqt, sqh, G, RP, BDK, DK)
-    offs_dk = tl.arange(0, BDK)
-    offs_dv = tl.arange(0, BDV)
+    heads, ok, q = _sel_rows(Q, b, i, hk, sqb, sqt, sqh, G, RP, BDK, DK)
     m_i = tl.full([RP], float("-inf"), tl.float32)
     l_i = tl.zeros([RP], tl.float32)
     acc = tl.zeros([RP, BDV], tl.float32)
     for s_ in range(0, NSEL):
-        blk = tl.load(IDX + b * sib + i.to(tl.int64) * sit + hk * sih + s_)
-        tok = blk * SB + tl.arange(0, SB)
-        kp = tok - k_start
-        valid = (blk >= 0) & (tok <= t) & (kp >= 0) & (kp < Tk)
-        k = tl.load(K + b * skb + kp[:, None].to(tl.int64) * skt + hk * skh + offs_dk[None, :],
-                    mask=valid[:, None] & (offs_dk[None, :] < DK), other=0.0)
-        v = tl.load(V + b * svb + kp[:, None].to(tl.int64) * svt + hk * svh + offs_dv[None, :],
-                    mask=valid[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        valid, k, v = _sel_block(K, V, IDX, b, i, hk, s_, q_start + i, k_start, Tk, sib, sit, sih, skb, skt, skh,
+                                 svb, svt, svh, SB, BDK, DK, BDV, DV)
         s = tl.where(valid[None, :], _dot(q, tl.trans(k), IEEE) * qk_scale2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
-    empty = l_i == 0.0
-    o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    tl.store(Out + b * sob + i.to(tl.int64) * sot + (hk * G + g)[:, None] * soh + offs_dv[None, :],
-             o.to(Out.dtype.element_ty), mask=ok[:, None] & (offs_dv[None, :] < DV))
-    lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-    tl.store(LSE + b * slb + (hk * G + g) * slh + i, lse, mask=ok)
+        m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, IEEE)
+    o, lse = _finish(acc, m_i, l_i)
+    _store_tile(Out, b * sob + i.to(tl.int64) * sot + heads * soh, ok, o, BDV, DV)
+    tl.store(LSE + b * slb + heads * slh + i, lse, mask=ok)
 
 
 @triton.jit
@@ -371,34 +349,17 @@ def _sel_dq(Q, K, V, DO, IDX, LSE, DELTA, DQ, sqb, sqt, sqh, skb, skt, skh, svb,
     bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
     hk = bh % HKV
-    t = q_start + i
-    g, ok, q = _sel_rows(Q, b, i, hk, sqb, sqt, sqh, G, RP, BDK, DK)
-    offs_dk = tl.arange(0, BDK)
-    offs_dv = tl.arange(0, BDV)
-    heads = hk * G + g
-    do = tl.load(DO + b * sob + i.to(tl.int64) * sot + heads[:, None] * soh + offs_dv[None, :],
-                 mask=ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    heads, ok, q = _sel_rows(Q, b, i, hk, sqb, sqt, sqh, G, RP, BDK, DK)
+    do = _tile(DO, b * sob + i.to(tl.int64) * sot + heads * soh, ok, BDV, DV)
     lse = tl.load(LSE + b * slb + heads * slh + i, mask=ok, other=float("inf"))
     delta = tl.load(DELTA + b * slb + heads * slh + i, mask=ok, other=0.0)
     dq = tl.zeros([RP, BDK], tl.float32)
     for s_ in range(0, NSEL):
-        blk = tl.load(IDX + b * sib + i.to(tl.int64) * sit + hk * sih + s_)
-        tok = blk * SB + tl.arange(0, SB)
-        kp = tok - k_start
-        valid = (blk >= 0) & (tok <= t) & (kp >= 0) & (kp < Tk)
-        k = tl.load(K + b * skb + kp[:, None].to(tl.int64) * skt + hk * skh + offs_dk[None, :],
-                    mask=valid[:, None] & (offs_dk[None, :] < DK), other=0.0)
-        v = tl.load(V + b * svb + kp[:, None].to(tl.int64) * svt + hk * svh + offs_dv[None, :],
-                    mask=valid[:, None] & (offs_dv[None, :] < DV), other=0.0)
-        p = tl.where(valid[None, :], tl.exp2(_dot(q, tl.trans(k), IEEE) * qk_scale2 - lse[:, None]), 0.0)
-        dp = _dot(do, tl.trans(v), IEEE)
-        ds = p * (dp - delta[:, None])
-        if IEEE:
-            dq += tl.dot(ds, k.to(tl.float32), input_precision="ieee")
-        else:
-            dq += tl.dot(ds.to(k.dtype), k)
-    tl.store(DQ + b * sqb + i.to(tl.int64) * sqt + heads[:, None] * sqh + offs_dk[None, :],
-             (dq * scale).to(DQ.dtype.element_ty), mask=ok[:, None] & (offs_dk[None, :] < DK))
+        valid, k, v = _sel_block(K, V, IDX, b, i, hk, s_, q_start + i, k_start, Tk, sib, sit, sih, skb, skt, skh,
+                                 svb, svt, svh, SB, BDK, DK, BDV, DV)
+        _, ds = _grad_tile(q, k, v, do, lse, delta, valid[None, :], qk_scale2, IEEE)
+        dq += _pv(ds, k, IEEE)
+    _store_tile(DQ, b * sqb + i.to(tl.int64) * sqt + heads * sqh, ok, dq * scale, BDK, DK)
 
 
 @triton.jit
@@ -412,27 +373,16 @@ def _sel_dkdv_step(Q, DO, LSE, DELTA, QLIST, b, bh, hk, e0, e_hi, k, v, tok, in_
     g = r % GP
     e = e0 + r // GP
     ok = (e < e_hi) & (g < G)
-    offs_dk = tl.arange(0, BDK)
-    offs_dv = tl.arange(0, BDV)
     qi = tl.load(QLIST + bh.to(tl.int64) * NL + e, mask=ok, other=0)
     heads = hk * G + g
-    q = tl.load(Q + b * sqb + qi[:, None].to(tl.int64) * sqt + heads[:, None] * sqh + offs_dk[None, :],
-                mask=ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
-    do = tl.load(DO + b * sob + qi[:, None].to(tl.int64) * sot + heads[:, None] * soh + offs_dv[None, :],
-                 mask=ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    rows = qi.to(tl.int64)
+    q = _tile(Q, b * sqb + rows * sqt + heads * sqh, ok, BDK, DK)
+    do = _tile(DO, b * sob + rows * sot + heads * soh, ok, BDV, DV)
     lse = tl.load(LSE + b * slb + heads * slh + qi, mask=ok, other=float("inf"))
     delta = tl.load(DELTA + b * slb + heads * slh + qi, mask=ok, other=0.0)
     vis = ok[:, None] & in_k[None, :] & (tok[None, :] <= (q_start + qi)[:, None])
-    p = tl.where(vis, tl.exp2(_dot(q, tl.trans(k), IEEE) * qk_scale2 - lse[:, None]), 0.0)   # [M, SB]
-    dp = _dot(do, tl.trans(v), IEEE)
-    ds = p * (dp - delta[:, None])
-    if IEEE:
-        dv += tl.dot(tl.trans(p), do.to(tl.float32), input_precision="ieee")
-        dk += tl.dot(tl.trans(ds), q.to(tl.float32), input_precision="ieee")
-    else:
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
-    return dk, dv
+    p, ds = _grad_tile(q, k, v, do, lse, delta, vis, qk_scale2, IEEE)   # [M, SB]
+    return dk + _pv(tl.trans(ds), q, IEEE), dv + _pv(tl.trans(p), do, IEEE)
 
 
 @triton.jit
@@ -458,12 +408,8 @@ def _sel_dkdv_part(Q, K, V, DO, LSE, DELTA, QLIST, OFF, ITEM_BLK, ITEM_OFF, PK, 
         tok = blk * SB + tl.arange(0, SB)
         kp = tok - k_start
         in_k = (kp >= 0) & (kp < Tk)
-        offs_dk = tl.arange(0, BDK)
-        offs_dv = tl.arange(0, BDV)
-        k = tl.load(K + b * skb + kp[:, None].to(tl.int64) * skt + hk * skh + offs_dk[None, :],
-                    mask=in_k[:, None] & (offs_dk[None, :] < DK), other=0.0)
-        v = tl.load(V + b * svb + kp[:, None].to(tl.int64) * svt + hk * svh + offs_dv[None, :],
-                    mask=in_k[:, None] & (offs_dv[None, :] < DV), other=0.0)
+        k = _tile(K, b * skb + kp.to(tl.int64) * skt + hk * skh, in_k, BDK, DK)
+        v = _tile(V, b * svb + kp.to(tl.int64) * svt + hk * svh, in_k, BDV, DV)
         dk = tl.zeros([SB, BDK], tl.float32)
         dv = tl.zeros([SB, BDV], tl.float32)
         if DYN:
@@ -476,26 +422,24 @@ def _sel_dkdv_part(Q, K, V, DO, LSE, DELTA, QLIST, OFF, ITEM_BLK, ITEM_OFF, PK, 
                 dk, dv = _sel_dkdv_step(Q, DO, LSE, DELTA, QLIST, b, bh, hk, e_lo + st * BQ, e_hi, k, v, tok, in_k,
                                         dk, dv, sqb, sqt, sqh, sob, sot, soh, slb, slh, q_start, qk_scale2, NL,
                                         G, GP, BQ, DK, DV, BDK, BDV, IEEE)
-        rows = tl.arange(0, SB)
-        base = (bh.to(tl.int64) * W + w) * SB
-        tl.store(PK + (base + rows[:, None]) * BDK + offs_dk[None, :], dk)
-        tl.store(PV + (base + rows[:, None]) * BDV + offs_dv[None, :], dv)
+        rows = (bh.to(tl.int64) * W + w) * SB + tl.arange(0, SB)
+        tl.store(PK + rows[:, None] * BDK + tl.arange(0, BDK)[None, :], dk)
+        tl.store(PV + rows[:, None] * BDV + tl.arange(0, BDV)[None, :], dv)
 
 
 @triton.jit
 def _sel_sum_step(PK, PV, bh, w, hi, W, dk, dv, SB: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr):
     use = w < hi
-    rows = tl.arange(0, SB)
-    base = (bh.to(tl.int64) * W + w) * SB
-    dk += tl.load(PK + (base + rows[:, None]) * BDK + tl.arange(0, BDK)[None, :], mask=use, other=0.0)
-    dv += tl.load(PV + (base + rows[:, None]) * BDV + tl.arange(0, BDV)[None, :], mask=use, other=0.0)
+    rows = (bh.to(tl.int64) * W + w) * SB + tl.arange(0, SB)
+    dk += tl.load(PK + rows[:, None] * BDK + tl.arange(0, BDK)[None, :], mask=use, other=0.0)
+    dv += tl.load(PV + rows[:, None] * BDV + tl.arange(0, BDV)[None, :], mask=use, other=0.0)
     return dk, dv
 
 
 @triton.jit
-def _sel_dkdv_sum(PK, PV, ITEM_OFF, DK_, DV_, skb, skt, skh, svb, svt, svh, Tk, k_start, scale, NB, W, NIT_HOST: tl.constexpr,
-                  HKV: tl.constexpr, SB: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
-                  BDV: tl.constexpr, DYN: tl.constexpr):
+def _sel_dkdv_sum(PK, PV, ITEM_OFF, DK_, DV_, skb, skt, skh, svb, svt, svh, Tk, k_start, scale, NB, W,
+                  NIT_HOST: tl.constexpr, HKV: tl.constexpr, SB: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                  BDK: tl.constexpr, BDV: tl.constexpr, DYN: tl.constexpr):
     """dK/dV of block `blk` of (batch, KV group) `bh`: its work items' partials summed in order."""
     blk = tl.program_id(0)
     bh = tl.program_id(1)
@@ -503,9 +447,6 @@ def _sel_dkdv_sum(PK, PV, ITEM_OFF, DK_, DV_, skb, skt, skh, svb, svt, svh, Tk, 
     hk = bh % HKV
     lo = tl.load(ITEM_OFF + bh * (NB + 1) + blk)
     hi = tl.load(ITEM_OFF + bh * (NB + 1) + blk + 1)
-    rows = tl.arange(0, SB)
-    offs_dk = tl.arange(0, BDK)
-    offs_dv = tl.arange(0, BDV)
     dk = tl.zeros([SB, BDK], tl.float32)
     dv = tl.zeros([SB, BDV], tl.float32)
     if DYN:
@@ -514,12 +455,10 @@ def _sel_dkdv_sum(PK, PV, ITEM_OFF, DK_, DV_, skb, skt, skh, svb, svt, svh, Tk, 
     else:   # the interpreter takes host-int loop bounds only
         for j in range(0, NIT_HOST):
             dk, dv = _sel_sum_step(PK, PV, bh, lo + j, hi, W, dk, dv, SB, BDK, BDV)
-    kp = blk * SB + rows - k_start
+    kp = blk * SB + tl.arange(0, SB) - k_start
     in_k = (kp >= 0) & (kp < Tk)
-    tl.store(DK_ + b * skb + kp[:, None].to(tl.int64) * skt + hk * skh + offs_dk[None, :],
-             (dk * scale).to(DK_.dtype.element_ty), mask=in_k[:, None] & (offs_dk[None, :] < DK))
-    tl.store(DV_ + b * svb + kp[:, None].to(tl.int64) * svt + hk * svh + offs_dv[None, :],
-             dv.to(DV_.dtype.element_ty), mask=in_k[:, None] & (offs_dv[None, :] < DV))
+    _store_tile(DK_, b * skb + kp.to(tl.int64) * skt + hk * skh, in_k, dk * scale, BDK, DK)
+    _store_tile(DV_, b * svb + kp.to(tl.int64) * svt + hk * svh, in_k, dv, BDV, DV)
 
 
 def _sel_rows_pad(group: int) -> int:
