@@ -23,7 +23,8 @@ takes `tiles=` (None: `use_tiles(...)`'s override if one is active, else the dev
 A call that needs gradients (`AttnCall.grad`) runs the training kernels instead
 (`triton_kernels/train.py` through the custom ops of `triton_kernels/autograd.py`): the forward
 saves each row's log-sum-exp, the backward is deterministic. The inference kernels (and the FA-3 /
-FA-4 wheels they may call) run only for calls without gradients, and no fusion has a backward.
+FA-4 wheels they may call) run only for calls without gradients; of the fusions, only
+`compressed_select_train` (`train_scores`) serves a call that needs gradients.
 
 All run under `TRITON_INTERPRET=1` on CPU (tests), and on CUDA.
 """
@@ -31,6 +32,7 @@ All run under `TRITON_INTERPRET=1` on CPU (tests), and on CUDA.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from collections.abc import Callable
 from types import MappingProxyType
@@ -372,8 +374,8 @@ def compressed_select_train(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: i
     _check_block("sel_block", sel_block)
     tiles = _tiles(q, tiles)
     o, lse2 = _train.band_attn(q, k_cmp, v_cmp, _train.CMP, 0, block, stride, scale, q_start, 0)
-    with torch.no_grad():
-        idx = _cmp.select_from_lse(q.detach(), k_cmp.detach(), lse2.detach() * _LN2, block=block, stride=stride,
+    with torch.no_grad():   # the scores kernel reads a natural-log lse; the training kernels keep log2 units
+        idx = _cmp.select_from_lse(q.detach(), k_cmp.detach(), lse2.detach() * math.log(2), block=block, stride=stride,
                                    sel_block=sel_block, sel_count=sel_count, scale=scale, q_start=q_start,
                                    tiles=tiles)
         if idx is None:
@@ -381,9 +383,6 @@ def compressed_select_train(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: i
                                        sel_block=sel_block, sel_count=sel_count, scale=scale, q_start=q_start,
                                        tiles=tiles)
     return o, idx
-
-
-_LN2 = 0.6931471805599453
 
 
 def compressed(call: AttnCall) -> Tensor:

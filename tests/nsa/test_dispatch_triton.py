@@ -205,7 +205,10 @@ def test_module_records_one_plan_per_call(monkeypatch):
     with dispatch.recording() as rec:
         m(x)
     plans = [r for r in rec if r["op"] == "nsa_plan"]
-    # The parameters require grad and grad mode is on: a training plan.
+    # The parameters require grad and grad mode is on: a training plan; under no_grad, an inference one.
     assert len(plans) == 1 and plans[0]["backend"] == "cmp=sdpa sel=sdpa win=sdpa scores=torch grad"
+    with torch.no_grad(), dispatch.recording() as rec:
+        m(x)
+    assert [r["backend"] for r in rec if r["op"] == "nsa_plan"] == ["cmp=sdpa sel=sdpa win=sdpa scores=torch"]
     with pytest.raises(BackendError, match=r"cannot run the \w+ branch"):
         NSAAttention(cfg, backend="fa2")(x)
