@@ -108,6 +108,16 @@ class Plan:
     def backend(self, branch: str) -> str:
         return self.branches[branch].backend
 
+    def frozen(self) -> tuple:
+        """The plan as plain values (strings, ints, bools), which a compiled graph keeps as a constant."""
+        return (self.seq_len, self.cls, self.profile, tuple((b, p.backend, p.why) for b, p in self.branches.items()),
+                self.scores, self.grad)
+
+    @classmethod
+    def thawed(cls, values: tuple) -> Plan:
+        seq_len, klass, profile, branches, scores, grad = values
+        return cls(seq_len, klass, profile, {b: BranchPlan(name, why) for b, name, why in branches}, scores, grad)
+
     def describe(self) -> dict[str, Any]:
         return {"seq_len": self.seq_len, "class": self.cls, "profile": self.profile, "scores": self.scores,
                 "grad": self.grad, **{b: {"backend": p.backend, "why": p.why} for b, p in self.branches.items()}}
@@ -267,6 +277,13 @@ def plan(calls: dict[str, AttnCall], requested: str | dict[str, str] = "auto", t
     compressed output and the scores in one pass), else in torch. `t`: thresholds to apply
     whatever the device (tests); by default those of a CUDA device, and `sdpa` on CPU tensors.
     """
+    key = (_request_key(requested), tuple((b, backends.frozen(c)) for b, c in calls.items()))
+    if torch.compiler.is_compiling():
+        return Plan.thawed(_constant_plan(*key, t))
+    return _memo_plan(key, calls, requested, t)
+
+
+def _memo_plan(key: tuple, calls: dict[str, AttnCall], requested: str | dict[str, str], t: Thresholds | None) -> Plan:
     any_call = next(iter(calls.values()))
     device = any_call.q.device
     if t is None and device.type == "cuda":
@@ -274,10 +291,7 @@ def plan(calls: dict[str, AttnCall], requested: str | dict[str, str] = "auto", t
     # A prefill of one shape, or a decode step at one length, asks the same question every call:
     # the answer is cached per thresholds object (the checks below cost ~50 us of Python, which
     # at 1k tokens is ~10% of an H100 NSA call).
-    # Under torch.compile the plan is traced as plain Python (dynamo cannot hash the memo's keys);
-    # the compiled graph keeps the plan it traced and guards on the shapes it came from.
-    memo = _PLANS.setdefault(t, {}) if t is not None and not torch.compiler.is_compiling() else None
-    key = (_request_key(requested), tuple((b, _call_key(c)) for b, c in calls.items()))
+    memo = _PLANS.setdefault(t, {}) if t is not None else None
     if memo is not None and key in memo:
         return _recorded(memo[key])
     result = _plan(calls, requested, t, any_call, device)
@@ -295,15 +309,19 @@ def _request_key(requested: str | dict[str, str]) -> tuple:
     return (requested,) if isinstance(requested, str) else tuple(sorted(requested.items()))
 
 
-def _call_key(c: AttnCall) -> tuple:
-    """Everything of a call that a plan depends on (shapes, dtype, device, positions, knobs)."""
-    return (c.op, tuple(c.q.shape), tuple(c.k.shape), tuple(c.v.shape), c.q.dtype, c.k.dtype, c.q.device,
-            c.q_start, c.k_start, c.window, c.block, c.stride, c.sel_block, c.grad)
+@torch.compiler.assume_constant_result
+def _constant_plan(request: tuple, calls: tuple, t: Thresholds | None) -> tuple:
+    """The plan of a call that dynamo traces: made outside the graph, by `plan` itself, from the
+    frozen calls (shapes, dtypes, device, positions, knobs: `backends.frozen`), and kept as a
+    constant of the graph. A compiled graph is specialised on its shapes (a new shape traces again,
+    and plans again), so its plan is the one eager would make: the thresholds are read, the checks
+    run and the choice is recorded, none of it traced (importlib, caches, YAML, logging). Plain
+    values cross into the graph (`Plan.frozen`); the traced code builds its `Plan` from them."""
+    requested = request[0] if len(request) == 1 and isinstance(request[0], str) else dict(request)
+    return _memo_plan((request, calls), {b: backends.thawed(k) for b, k in calls}, requested, t).frozen()
 
 
 def _recorded(result: Plan) -> Plan:
-    if torch.compiler.is_compiling():
-        return result
     for branch, bp in result.branches.items():
         record(keys.BRANCH_OPS[branch], result.seq_len, bp.backend, bp.why)
     record("nsa_plan", result.seq_len, result.label, f"class {result.cls}, profile {result.profile}")

@@ -11,12 +11,18 @@ and dispatch read these declarations and never name a backend. An explicitly nam
 cannot run raises `BackendError` with the reason; only `backend="auto"` (nsa.dispatch) may
 choose, and it records the name it chose. `run` checks the promise: an output of a call that
 needs gradients must carry them, or it raises (a silent cut from autograd is never returned).
+
+Under `torch.compile` the checks are not traced: dynamo calls `constant_reason` with the call's
+shapes, dtypes and device (`frozen(call)`) and keeps the answer as a constant of the graph, which
+is specialised on those shapes anyway (nsa.dispatch plans the same way). The table's modules are
+kept in a plain dict once imported, which dynamo reads without tracing `importlib`.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import operator
 import sys
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -120,9 +126,14 @@ def module(name: str) -> ModuleType:
     return _module(name)
 
 
-@functools.cache
+_LOADED: dict[str, ModuleType] = {}
+
+
 def _module(name: str) -> ModuleType:
-    return importlib.import_module(_TABLE[name])
+    mod = _LOADED.get(name)
+    if mod is None:
+        mod = _LOADED[name] = importlib.import_module(_TABLE[name])
+    return mod
 
 
 def resolve(name: str, device: torch.device | str | None = None) -> str:
@@ -160,6 +171,46 @@ def with_fusion(fusion: str) -> tuple[str, ...]:
 def unsupported_reason(name: str, call: AttnCall) -> str | None:
     """Why backend `name` cannot run `call` (unavailable, op not implemented, no backward for a
     call that needs gradients, dtype, head dim ...)."""
+    if torch.compiler.is_compiling():
+        return constant_reason(name, frozen(call))
+    return _unsupported_reason(name, call)
+
+
+def frozen(call: AttnCall) -> tuple:
+    """Everything of a call that a backend's checks and a plan depend on, as plain values: the op,
+    shapes, dtypes and device of its tensors, positions, knobs, and whether it needs gradients."""
+    idx = call.block_indices
+    return (call.op, *((_sizes(x), x.dtype) for x in (call.q, call.k, call.v)), call.q.device,
+            call.scale, call.q_start, call.k_start, call.window, call.block, call.stride, call.sel_block,
+            None if idx is None else (_sizes(idx), idx.dtype), call.grad)
+
+
+def _sizes(x: Tensor) -> tuple[int, ...]:
+    # operator.index, not int: under torch.compile with dynamic shapes it specialises a symbolic
+    # size to the value at hand (a guard: another size compiles again), so the key is plain ints.
+    return tuple(operator.index(n) for n in x.shape)
+
+
+def thawed(key: tuple) -> AttnCall:
+    """An `AttnCall` of the shapes, dtypes and device in `frozen`'s key, over stand-in tensors (one
+    element each, expanded: no memory in proportion to the shapes), for the checks alone."""
+    op, (qs, qd), (ks, kd), (vs, vd), dev, scale, q_start, k_start, window, block, stride, sel_block, idx, grad = key
+
+    def stand_in(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        return torch.empty((), dtype=dtype, device=dev).expand(shape)
+
+    return AttnCall(op, stand_in(qs, qd), stand_in(ks, kd), stand_in(vs, vd), scale, q_start=q_start, k_start=k_start,
+                    window=window, block=block, stride=stride, sel_block=sel_block,
+                    block_indices=None if idx is None else stand_in(*idx), grad=grad)
+
+
+@torch.compiler.assume_constant_result
+def constant_reason(name: str, key: tuple) -> str | None:
+    """`unsupported_reason` for a frozen call, run outside the traced graph (see the module's docstring)."""
+    return _unsupported_reason(name, thawed(key))
+
+
+def _unsupported_reason(name: str, call: AttnCall) -> str | None:
     mod = module(resolve(name, call.q.device))
     if call.op not in mod.CAPABILITIES.forward or not hasattr(mod, call.op):
         return f"backend {name} does not implement the {call.op} op"
@@ -187,7 +238,8 @@ def shape_cached(cached: Any, *args: Any) -> Any:
     """`cached(*args)` (a functools cache of tensors built from shapes alone, such as masks), except
     while the current CUDA stream is capturing a graph: then the uncached function, so the tensor
     lives in the graph's own pool. A graph reads the memory it was captured with on every replay;
-    a cached tensor could be evicted and its memory reused while the graph still runs."""
-    if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
-        return cached.__wrapped__(*args)
+    a cached tensor could be evicted and its memory reused while the graph still runs. Under
+    torch.compile the uncached function too: dynamo traces through a cache, not into it."""
+    if torch.compiler.is_compiling() or (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()):
+        return cached.__wrapped__(*args)    # (traced: the graph builds the tensor itself)
     return cached(*args)

@@ -32,7 +32,6 @@ All run under `TRITON_INTERPRET=1` on CPU (tests), and on CUDA.
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 from collections.abc import Callable
 from types import MappingProxyType
@@ -363,8 +362,7 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
 
 
 def compressed_select_train(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int, stride: int, sel_block: int,
-                            sel_count: int, scale: float, q_start: int = 0,
-                            tiles: Tiles | None = None) -> tuple[Tensor, Tensor]:
+                            sel_count: int, scale: float, q_start: int = 0) -> tuple[Tensor, Tensor]:
     """The `train_scores` fusion: the compressed branch's training forward (its output carries
     gradients; it keeps its log-sum-exp for the backward) and the top-n blocks from that same
     log-sum-exp, so a training call makes one compressed pass, not an inference pass for the
@@ -372,16 +370,12 @@ def compressed_select_train(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: i
     _require()
     _check_qkv(q, k_cmp, v_cmp, "q, k_cmp, v_cmp")
     _check_block("sel_block", sel_block)
-    tiles = _tiles(q, tiles)
+    if sel_count < 1:
+        raise ValueError(f"sel_count must be >= 1, got {sel_count}; the paper uses 16")
     o, lse2 = _train.band_attn(q, k_cmp, v_cmp, _train.CMP, 0, block, stride, scale, q_start, 0)
-    with torch.no_grad():   # the scores kernel reads a natural-log lse; the training kernels keep log2 units
-        idx = _cmp.select_from_lse(q.detach(), k_cmp.detach(), lse2.detach() * math.log(2), block=block, stride=stride,
-                                   sel_block=sel_block, sel_count=sel_count, scale=scale, q_start=q_start,
-                                   tiles=tiles)
-        if idx is None:
-            _, idx = compressed_select(q.detach(), k_cmp.detach(), v_cmp.detach(), block=block, stride=stride,
-                                       sel_block=sel_block, sel_count=sel_count, scale=scale, q_start=q_start,
-                                       tiles=tiles)
+    with torch.no_grad():
+        idx = _train.blocks_from_lse(q.detach(), k_cmp.detach(), v_cmp.detach(), lse2.detach(), block, stride,
+                                     sel_block, sel_count, scale, q_start)
     return o, idx
 
 

@@ -274,6 +274,37 @@ def test_module_trains_on_triton_like_sdpa(phi):
         assert torch.allclose(g_t[name], g_s[name], rtol=1e-3, atol=1e-6), name
 
 
+# --- torch.compile -------------------------------------------------------------------------------
+def _compiled_step_matches_eager(m: NSAAttention, lengths, compile_backend: str, dtype=torch.float32, tol=0.0):
+    """`torch.compile(m, fullgraph=True)` (a graph break raises) over training steps at each length
+    (dynamic shapes left to dynamo: a second length recompiles, and the plan is made again), the
+    gradients of the input and every parameter against eager's."""
+    compiled = torch.compile(m, fullgraph=True, backend=compile_backend)
+    params = list(m.parameters())
+    for t in lengths:
+        x = torch.randn(1, t, m.config.dim, device=DEV, dtype=dtype, requires_grad=True)
+        ref_g = torch.autograd.grad(m(x).float().square().mean(), [x, *params])
+        got = torch.autograd.grad(compiled(x).float().square().mean(), [x, *params])
+        for a, b in zip(ref_g, got, strict=True):
+            assert torch.allclose(a, b, rtol=tol, atol=tol), (t, (a - b).abs().max().item())
+
+
+@needs_triton
+@pytest.mark.parametrize(("backend", "lengths"), [("triton", (45,)), ("auto", (70, 91))])
+def test_module_training_step_compiles_without_graph_breaks(backend, lengths):
+    """NSAAttention in a training step under torch.compile(fullgraph=True): the plan is made outside
+    the graph (dispatch.plan, a constant of it), the Triton training kernels and the top-n are custom
+    ops with fake implementations, so nothing in the attention breaks the graph. aot_eager: dynamo and
+    AOTAutograd trace forward and backward, the ops run as in eager, so the gradients are equal bit for
+    bit (on CPU, `auto` is masked SDPA; a second length there checks the recompile, which the
+    interpreter makes too slow for the Triton plan). The GPU test below compiles with inductor."""
+    torch.manual_seed(0)
+    cfg = NSAConfig(dim=64, n_heads=4, n_kv_heads=2, head_dim_qk=16, head_dim_v=16, cmp_block=16, cmp_stride=8,
+                    sel_block=16, sel_count=3, window=32)
+    torch._dynamo.reset()
+    _compiled_step_matches_eager(NSAAttention(cfg, backend=backend).to(DEV), lengths, "aot_eager")
+
+
 # --- GPU: the toy model, torch.compile and CUDA graphs ---------------------------------------------
 def _toy(cfg, backend):
     class Toy(torch.nn.Module):
@@ -369,8 +400,7 @@ def test_training_step_captures_in_a_cuda_graph():
 @pytest.mark.gpu
 def test_training_kernels_compile_without_graph_breaks():
     """torch.compile(fullgraph=True: a graph break raises) over the three training custom ops,
-    forward and backward, gives eager's gradients. (The module's dispatch is Python that dynamo
-    does not trace yet: `NSAAttention` under torch.compile breaks the graph at the plan; open.)"""
+    forward and backward, gives eager's gradients."""
     from nsa.backends.triton_kernels import autograd as tri
 
     g = torch.Generator().manual_seed(0)
@@ -390,3 +420,103 @@ def test_training_kernels_compile_without_graph_breaks():
     got = torch.autograd.grad(torch.compile(loss, fullgraph=True)(*ins), ins)
     for a, b in zip(ref_g, got, strict=True):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_module_training_step_compiles_with_inductor():
+    """The layer (auto plan: Triton training kernels, torch FA-2 where the thresholds say) in a
+    training step under torch.compile(fullgraph=True) with inductor, bf16: no graph break, and the
+    gradients agree with eager's to bf16 rounding (inductor fuses the projections and gates
+    differently)."""
+    torch.manual_seed(0)
+    m = NSAAttention(NSAConfig(**CFG_GPU)).cuda().to(torch.bfloat16)
+    torch._dynamo.reset()
+    _compiled_step_matches_eager(m, (700, 1500), "inductor", dtype=torch.bfloat16, tol=3e-2)
+
+
+def _tail_gate(name, got, low, ref64):
+    """FlashAttention's rule on tensors cut from a long run: `got` (kernel), `low` (the same-dtype torch
+    autograd path) against `ref64`."""
+    for what, k_, t_, r_ in zip(("out", "dq", "dk", "dv"), got, low, ref64, strict=True):
+        assert torch.isfinite(k_).all(), f"{name} {what}: non-finite values"
+        err_k = (k_.double() - r_).abs().max().item()
+        err_t = (t_.double() - r_).abs().max().item()
+        floor = 2 * torch.finfo(torch.bfloat16).eps * max(r_.abs().max().item(), 1e-3)
+        assert err_k <= 2 * err_t + floor, f"{name} {what}: kernel err {err_k:.3g} > 2 x torch err {err_t:.3g} + {floor:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("branch", ["win", "cmp", "sel"])
+def test_training_kernels_at_128k_use_int64_offsets(branch):
+    """The paper layout at 128k with dk 192 and B=2: q holds 2 x 131072 x 64 x 192 = 3.2e9 elements,
+    beyond int32, so an offset computed in 32 bits lands elsewhere. Only the last 16 queries of the
+    second sequence get an output gradient: their outputs and dq, and dk/dv of the keys they read,
+    are checked with the fp64 oracle on that slice (FlashAttention's rule), and every other
+    gradient must be exactly zero."""
+    from nsa.backends.triton_kernels import autograd as tri
+
+    b, t, hq, hkv, dk, dv, r = 2, 131072, 64, 4, 192, 128, 16
+    w, blk, strd, sb, n = 512, 32, 16, 64, 16
+    scale = dk ** -0.5
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, t, hq, dk, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    tk = (t - blk) // strd + 1 if branch == "cmp" else t
+    k = torch.randn(b, tk, hkv, dk, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    v = torch.randn(b, tk, hkv, dv, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+    do = torch.zeros(b, t, hq, dv, device="cuda", dtype=torch.bfloat16)
+    do[1, -r:] = torch.randn(r, hq, dv, device="cuda", dtype=torch.bfloat16, generator=g)
+    q0 = t - r
+    if branch == "win":
+        k0 = q0 - w + 1
+        out = tri.sliding(q, k, v, window=w, scale=scale, q_start=0, k_start=0)
+        vis = ref.window_visible(r, t - k0, w, q_start=q0, k_start=k0)
+    elif branch == "cmp":
+        k0 = 0
+        out = tri.compressed(q, k, v, block=blk, stride=strd, scale=scale, q_start=0)
+        vis = ref.compressed_visible(r, tk, blk, strd, q_start=q0)
+    else:
+        # distinct blocks per row: the current block, then steps of 7 * (head + 1) blocks back, -1 below 0
+        cur = torch.arange(t, device="cuda") // sb
+        step = 7 * (torch.arange(hkv, device="cuda") + 1)
+        idx = cur[:, None, None] - torch.arange(n, device="cuda")[None, None, :] * step[None, :, None]
+        idx = torch.where(idx >= 0, idx, -1).to(torch.int32)[None].expand(b, t, hkv, n).contiguous()
+        k0 = 0
+        out = tri.selected(q, k, v, idx, sel_block=sb, scale=scale, q_start=0, k_start=0)
+        rows = idx[1, -r:].long()                                               # [r, Hkv, n]
+        hit = torch.zeros(r, hkv, t // sb, dtype=torch.bool, device="cuda")
+        hit.scatter_(2, rows.clamp(min=0), rows >= 0)
+        pos = torch.arange(t, device="cuda")
+        vis = (hit.repeat_interleave(sb, 2)[..., :t] & (pos <= (q0 + torch.arange(r, device="cuda"))[:, None, None]))[None]
+    dq, dk_, dv_ = torch.autograd.grad(out, [q, k, v], do)
+    assert not dq[0].any() and not dq[1, :q0].any()
+    assert not dk_[0].any() and not dk_[1, :k0].any() and not dv_[0].any() and not dv_[1, :k0].any()
+    got = [out[1:, -r:], dq[1:, -r:], dk_[1:, k0:], dv_[1:, k0:]]
+    del dq, dk_, dv_, out
+
+    def tail(dtype):
+        qs, ks, vs = (x.detach()[1:, s].to(dtype).requires_grad_() for x, s in
+                      ((q, slice(q0, None)), (k, slice(k0, None)), (v, slice(k0, None))))
+        o = ref.attention_ad(qs, ks, vs, vis, scale)
+        return [o.detach(), *torch.autograd.grad(o, [qs, ks, vs], do[1:, -r:].to(dtype))]
+
+    _tail_gate(f"{branch} 128k", got, tail(torch.bfloat16), tail(torch.float64))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_training_under_deterministic_algorithms_repeats_bit_for_bit(backend):
+    """With torch.use_deterministic_algorithms(True) a training step of the layer runs (no backend in
+    the plan refuses it) and two steps give equal gradients bit for bit, at a length where `auto`
+    plans the Triton kernels (and torch's FA-2 for the window, where the thresholds say)."""
+    cfg = NSAConfig(**CFG_GPU)
+    m = _layer(cfg) if backend == "auto" else NSAAttention(cfg, backend=backend).cuda()
+    x = torch.randn(2, 3000, cfg.dim, device="cuda", requires_grad=True)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = [torch.autograd.grad(m(x).square().mean(), [x, *m.parameters()]) for _ in range(2)]
+        plan = m.plan(*m.project(x)[:2]).label
+    finally:
+        torch.use_deterministic_algorithms(before)
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b), plan

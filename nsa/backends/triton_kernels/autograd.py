@@ -3,7 +3,12 @@
     nsa::band_attn(q, k, v, mode, window, block, stride, scale, q_start, k_start) -> (o, lse)
     nsa::selected_attn(q, k, v, idx, sel_block, scale, q_start, k_start) -> (o, lse)
 
-and their backward ops. Each forward saves its inputs, its output and the log-sum-exp `lse
+and their backward ops, and, with no gradient,
+
+    nsa::blocks_from_lse(q, k_cmp, v_cmp, lse2, block, stride, sel_block, sel_count, scale, q_start) -> idx
+
+the top-n blocks from a compressed training forward's log-sum-exp (the scores kernel and top-n,
+raw Triton launches that dynamo must not trace). Each forward saves its inputs, its output and the log-sum-exp `lse
 [B, Hq, Tq]` (fp32) per row: that is what a layer keeps for the backward, besides the selected
 indices `[B, T, Hkv, n]` (docs/nsa.md, "Training"). The fake (meta) implementations give shapes
 only, so `torch.compile` traces a training step through the attention without a graph break,
@@ -13,9 +18,12 @@ and no op synchronises with the host, so a caller's CUDA graph can capture forwa
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
+from nsa.backends.triton_kernels import compressed as _cmp
 from nsa.backends.triton_kernels import train
 from nsa.backends.triton_kernels.tiles import current
 
@@ -124,3 +132,23 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
              k_start: int) -> Tensor:
     """`idx` rows must hold distinct blocks (triton_nsa.distinct_blocks)."""
     return selected_attn(q, k, v, idx.contiguous(), sel_block, scale, q_start, k_start)[0]
+
+
+@torch.library.custom_op("nsa::blocks_from_lse", mutates_args=())
+def blocks_from_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, lse2: Tensor, block: int, stride: int, sel_block: int,
+                    sel_count: int, scale: float, q_start: int) -> Tensor:
+    """The top-n blocks `[B, Tq, Hkv, sel_count]` (int32) from the compressed training forward's
+    log-sum-exp `lse2` (log2 units, as the training kernels keep it); where the scores kernel's block
+    map does not apply, an inference compressed pass finds them (`compressed_select`)."""
+    tiles = current(q.device)
+    idx = _cmp.select_from_lse(q, k_cmp, lse2 * math.log(2), block=block, stride=stride, sel_block=sel_block,
+                               sel_count=sel_count, scale=scale, q_start=q_start, tiles=tiles)
+    if idx is None:
+        _, idx = _cmp.compressed_select(q, k_cmp, v_cmp, block=block, stride=stride, sel_block=sel_block,
+                                        sel_count=sel_count, scale=scale, q_start=q_start, tiles=tiles)
+    return idx
+
+
+@blocks_from_lse.register_fake
+def _(q, k_cmp, v_cmp, lse2, block, stride, sel_block, sel_count, scale, q_start):
+    return q.new_empty(q.shape[0], q.shape[1], k_cmp.shape[2], sel_count, dtype=torch.int32)
