@@ -37,6 +37,8 @@ _TABLE = {
     "torch_fa2": "nsa.backends.torch_fa2",
     "flex": "nsa.backends.flex",
     "triton": "nsa.backends.triton_nsa",
+    "fa3": "nsa.backends.fa3",
+    "fa4": "nsa.backends.fa4",
 }
 ALIASES = ("fa2", "auto")
 OPS = ("sliding", "compressed", "selected")
@@ -226,7 +228,9 @@ def run(name: str, call: AttnCall) -> Tensor:
     resolved = resolve(name, call.q.device)
     reason = unsupported_reason(resolved, call)
     if reason is not None:
-        raise BackendError(f"backend {resolved!r} cannot run this {call.op} call: {reason}")
+        fix = ("; call it under torch.no_grad() (inference), or name a backend with this op's backward "
+               "(backend='auto' picks one)") if call.grad else ""
+        raise BackendError(f"backend {resolved!r} cannot run this {call.op} call: {reason}{fix}")
     out = getattr(module(resolved), call.op)(call)
     if call.grad and not out.requires_grad:
         raise BackendError(f"backend {resolved!r} returned a {call.op} output cut from autograd although the call "

@@ -33,7 +33,7 @@ def test_flex_on_cpu_matches_oracle(case, seed):
 def test_unknown_and_unavailable_backends_raise_with_reason():
     q, k, v = qkv(1, 8, 2, 2, 8, 8)
     with pytest.raises(ValueError, match="backend must be one of"):
-        ops.sliding_window_attention(q, k, v, window=4, backend="fa3")
+        ops.sliding_window_attention(q, k, v, window=4, backend="fa5")
     if not torch.cuda.is_available():
         with pytest.raises(BackendError, match="torch_fa2.*CUDA"):
             ops.sliding_window_attention(q, k, v, window=4, backend="torch_fa2")

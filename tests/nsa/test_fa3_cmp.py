@@ -136,3 +136,43 @@ def test_fa3_compressed_only_from_its_work_floor(seed, fa3, monkeypatch):
         _, s_on = triton_nsa.compressed_and_scores(q, kc, vc, **kw)
     assert entered == [1]
     assert torch.allclose(s_on, s_off, rtol=2e-3 if dtype == torch.bfloat16 else 1e-5, atol=1e-6)
+
+
+def test_fa3_is_a_declared_forward_only_backend(seed, fa3):
+    """`backend="fa3"` names FA-3 for the compressed branch: forward output as the oracle's (the
+    double's log shows the wheel was called, a partial last step on the Triton kernel); a call that
+    needs gradients raises BackendError naming the missing backward and the fix, and `auto` never
+    plans it (no key names it, and its declaration has no backward)."""
+    from nsa import NSAAttention, NSAConfig, backends, dispatch
+    from nsa.backends import BackendError
+
+    assert backends.capabilities("fa3").backward == frozenset()
+    assert backends.capabilities("fa3").forward == frozenset({"compressed"})
+    block, stride = 8, 4
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
+    q, k, v = qkv(1, 78, 4, 2, 64, 64, dtype=dtype, device=DEV)
+    kc, vc = ops.compress_kv(k, v, block=block, stride=stride)
+    with torch.no_grad():
+        o = ops.compressed_attention(q, kc, vc, block=block, stride=stride, backend="fa3")
+    want = reference.compressed_attention(q.double(), kc.double(), vc.double(), block=block, stride=stride)
+    assert rel_err(o, want) < (1e-2 if dtype == torch.bfloat16 else 1e-5)
+    if DEV == "cpu":
+        assert [c["fn"] for c in fa3] == ["_flash_attn_forward"]
+    qg = q.clone().requires_grad_()
+    with pytest.raises(BackendError, match=r"fa3.*no backward.*torch.no_grad"):
+        ops.compressed_attention(qg, kc, vc, block=block, stride=stride, backend="fa3")
+    with pytest.raises(BackendError, match=r"backend 'fa3' cannot run the compressed branch \(cmp\).*no backward"):
+        dispatch.plan(NSAAttention(NSAConfig(dim=64, n_heads=4, n_kv_heads=2, head_dim_qk=64, head_dim_v=64,
+                                             cmp_block=block, cmp_stride=stride, sel_block=16),
+                                   backend={"cmp": "fa3"}).to(DEV, dtype)._calls(
+            qg, {n: (k, v) for n in ("cmp", "sel", "win")}, kc, vc, ("cmp",), 0, grad=True), {"cmp": "fa3"})
+    why = backends.unsupported_reason("fa3", backends.AttnCall("compressed", q[:, 20:], kc, vc, 0.125, q_start=20,
+                                                               block=block, stride=stride))
+    assert why is not None and "q_start == 0" in why
+
+
+def test_fa3_unavailable_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(fa3_cmp, "load", lambda: None)
+    from nsa import backends
+    why = backends.unavailable_reason("fa3", "cuda")
+    assert "pip install fa3-fwd" in why and "training plans never use it" in why

@@ -234,3 +234,24 @@ def test_fa4_window_only_from_its_work_floor(seed, fa4):
     with _with_fa4(True, min_work=12800):
         assert rel_err(ops.sliding_window_attention(q, k, v, window=9, backend="triton"), want) < tol
     assert fa4[0] == {"spy": True}
+
+
+def test_fa4_is_a_declared_forward_only_backend(seed, fa4):
+    """`backend="fa4"` names FA-4 for the window: forward output as the oracle's (through FA-4's
+    function); a call that needs gradients raises BackendError naming the missing backward; a
+    decode-like call (q_start > 0) is refused with the reason."""
+    from nsa import backends
+    from nsa.backends import BackendError
+
+    assert backends.capabilities("fa4").backward == frozenset()
+    q, k, v = qkv(1, 45, 4, 2, 64, 64, dtype=_dtype(), device=DEV)
+    with torch.no_grad():
+        o = ops.sliding_window_attention(q, k, v, window=9, backend="fa4")
+    want = reference.sliding_window_attention(q.double(), k.double(), v.double(), window=9)
+    assert rel_err(o, want) < (1e-2 if DEV == "cuda" else 1e-5)
+    assert any(c.get("spy") for c in fa4)
+    with pytest.raises(BackendError, match=r"fa4.*no backward"):
+        ops.sliding_window_attention(q.clone().requires_grad_(), k, v, window=9, backend="fa4")
+    why = backends.unsupported_reason("fa4", backends.AttnCall("sliding", q[:, -1:], k, v, 0.125, q_start=44,
+                                                               window=9))
+    assert why is not None and "whole prefill" in why

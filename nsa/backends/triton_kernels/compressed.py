@@ -10,6 +10,8 @@ stats pass then output/scores pass, the chunks' score spill added by `_add_spill
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -417,3 +419,17 @@ def select_from_lse(q: Tensor, k_cmp: Tensor, lse: Tensor, *, block: int, stride
     _launch_scores(q, k_cmp, lse.contiguous(), s, None, block=block, stride=stride, sel_block=sel_block,
                    scale=scale, q_start=q_start, tiles=tiles)
     return _topn.topn(s, q_start, sel_block=sel_block, sel_count=sel_count, tiles=tiles)
+
+
+def compressed_fa3(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int, stride: int, scale: float,
+                   tiles: Tiles) -> Tensor:
+    """The compressed branch of a prefill through FlashAttention-3 whatever the tiles' FA-3 settings
+    (the `fa3` backend, nsa/backends/fa3.py): FA-3 for the whole steps of `stride` queries, the
+    one-pass kernel for a partial last step; no scores. The caller checks `_fa3.usable` first."""
+    b, tq, hq, _ = q.shape
+    q, k_cmp, v_cmp = unit_last_stride(q, k_cmp, v_cmp)
+    o = common.empty_out(b, tq, hq, v_cmp.shape[-1], dtype=q.dtype, device=q.device)
+    forced = dataclasses.replace(tiles, cmp_fa3=True, cmp_fa3_min_group=1, cmp_fa3_g1=True, cmp_fa3_min_work=0)
+    s = torch.zeros(b, tq, k_cmp.shape[2], 1, dtype=torch.float32, device=q.device)
+    return _compressed_lse(q, k_cmp, v_cmp, o, s, block=block, stride=stride, sel_block=16, scale=scale, q_start=0,
+                           scores=False, tiles=forced)[0]
