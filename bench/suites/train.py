@@ -7,7 +7,8 @@ dropped, so nothing accumulates between repeats and no `.grad` needs zeroing.
 
 Cells (paper layout: 64 query / 4 KV heads, D 128, l=32 d=16 l'=64 n=16 w=512, separate K/V, bf16):
 - `nsa_train` (`part: all`): `NSAAttention.attend` over q, the three K/V pairs and the gates.
-  Candidates: `triton` (every branch on the own Triton training kernels, requested explicitly: forward
+  Candidates: `autoplan` (`NSAAttention(cfg)`, backend `auto`, what a user gets: the plan `auto` makes for a call that
+  needs gradients, recorded in the case's `plan`), `triton` (every branch on the own Triton training kernels, requested explicitly: forward
   with saved log-sum-exp, deterministic backward; the selection scores and top-n run forward only,
   inside the step, as in training) and `sdpa` (masked SDPA on every branch, torch scores and top-n).
 - `sliding` / `compressed` / `selected` (`part: win` / `cmp` / `sel`): the branch op alone. The
@@ -47,6 +48,10 @@ BF16 = ("bf16",)
 DENSE = (Variant("sdpa_flash", "baseline", op="dense"), Variant("sdpa_cudnn", op="dense"),
          Variant("flash_attn", op="dense"))
 NSA_VARIANTS = (*DENSE, Variant("triton"), Variant("sdpa"))
+# The whole attention also as a user gets it: `auto` plans the training call (its plan is kept in the case).
+# Its backend is `autoplan` (results never say `auto`, bench.suites.auto.AUTO_BACKEND).
+AUTOPLAN = "autoplan"
+NSA_TRAIN_VARIANTS = (*DENSE, Variant(AUTOPLAN), Variant("triton"), Variant("sdpa"))
 FULL_T = (8192, 16384, 32768, 65536)
 SIZES = {
     "smoke": product(layout=(SMALL,), T=(300,), dtype=BF16),
@@ -67,7 +72,7 @@ def _with_part(grid: Sequence[dict[str, Any]], part: str) -> tuple[dict[str, Any
 # The branch cells: the smoke layout, else the paper layout only (the whole-attention cells cover the others).
 BRANCH_GRID = {**SIZES, "full": product(layout=(PAPER,), T=FULL_T, dtype=BF16)}
 SPECS = (
-    CaseSpec("nsa_train", NSA_VARIANTS, {size: _with_part(grid, "all") for size, grid in SIZES.items()}),
+    CaseSpec("nsa_train", NSA_TRAIN_VARIANTS, {size: _with_part(grid, "all") for size, grid in SIZES.items()}),
     CaseSpec("sliding", (*DENSE, Variant("triton"), Variant("torch_fa2"), Variant("sdpa")),
              {size: _with_part(grid, "win") for size, grid in BRANCH_GRID.items()}),
     CaseSpec("compressed", NSA_VARIANTS, {size: _with_part(grid, "cmp") for size, grid in BRANCH_GRID.items()}),
@@ -181,8 +186,8 @@ def _nsa_variant(work: Workload, key: str, backend: str, q, kv, gates, grad_out,
     from nsa import NSAAttention
     from nsa.backends import BackendError
 
-    work.backends[key] = backend
-    attn = NSAAttention(config_of(p), backend=backend)   # attend uses no parameter: left on the CPU
+    work.backends[key] = backend   # `autoplan`: the case's `plan` and `branch_backends` say what auto ran
+    attn = NSAAttention(config_of(p), backend="auto" if backend == AUTOPLAN else backend)   # attend uses no parameter
     try:
         plan = attn.plan(q, kv)   # grad mode on and the inputs require grad: a training plan
     except BackendError as exc:

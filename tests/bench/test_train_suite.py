@@ -24,7 +24,7 @@ def _ids(size: str) -> list[str]:
 
 def test_smoke_ids_are_every_variant_of_every_part():
     want = []
-    for part, variants in (("all", ("triton", "sdpa")), ("win", ("triton", "torch_fa2", "sdpa")),
+    for part, variants in (("all", ("autoplan", "triton", "sdpa")), ("win", ("triton", "torch_fa2", "sdpa")),
                            ("cmp", ("triton", "sdpa")), ("sel", ("triton", "sdpa"))):
         want += [f"train/dense/{b}/{SMOKE_SHAPE}-part{part}-bf16" for b in ("sdpa_flash", "sdpa_cudnn", "flash_attn")]
         want += [f"train/{OPS[part]}/{b}/{SMOKE_SHAPE}-part{part}-bf16" for b in variants]
@@ -85,6 +85,8 @@ def test_smoke_runs_on_a_cpu_end_to_end():
     nsa = by[("all", "sdpa")]
     assert nsa["op"] == "nsa_train" and nsa["backend"] == "sdpa"
     assert nsa["branch_backends"] == {"cmp": "sdpa", "sel": "sdpa", "win": "sdpa"} and nsa["plan"].endswith("grad")
+    auto = by[("all", "autoplan")]   # what a user gets; on a CPU auto plans masked SDPA
+    assert auto["status"] == "ok" and auto["plan"] == nsa["plan"], auto.get("reason")
 
 
 @pytest.mark.parametrize("part", OPS)
