@@ -126,6 +126,7 @@ def test_bad_override_values_raise(config, monkeypatch):
     ("profiles:\n  hopper:\n    fa2_min_len_win: 1\n", "profile names must look like sm90"),
     ("decide:\n  margin: .nan\n", "decide.margin must be a finite number"),
     ("nsa:\n  window: 0\n", "nsa.window must be a positive int"),
+    ("nsa:\n  sel_count: 4097\n", r"nsa.sel_count must be at most 4096 .*got 4097; use the paper's 16"),
     ("nope: 1\n", "top-level section nope is unknown"),
     ("- a\n", "must be a YAML mapping"),
     ("runtime: [\n", "must be valid YAML"),
