@@ -160,7 +160,7 @@ def _kind(obj: Any) -> str:
     return f"a {type(obj).__name__}"
 
 
-def _replace_tokens(text: str, where: dict[str, tuple[int, int]], flow: bool,
+def _replace_tokens(text: str, where: dict[str, tuple[int, int]], flow: bool | Mapping[str, bool],
                     changes: Mapping[str, values.Value], section: str, source: str) -> str:
     """``yaml_tokens.replace_tokens`` with the values' YAML text; errors name the key and the fix."""
     try:
@@ -213,9 +213,21 @@ def edit_thresholds(text: str, profile: str, changes: Mapping[str, values.Value]
     if not todo:
         return text
     spots = _value_spots(block, list(todo))
-    # Positions as parsed, taken before the round-trip document is modified.
-    where = {k: (block.lc.data[k][2], block.lc.data[k][3]) for k in todo}
-    flow = bool(block.fa.flow_style())
+    # Positions as parsed, taken before the round-trip document is modified. A flow mapping that
+    # keeps its classes has only its changed values rewritten, each in place (quotes, spacing and
+    # the comment column of the written mapping stay); one that gains or loses a class is
+    # written whole.
+    where, tokens, in_flow = {}, {}, {}
+    for k, v in todo.items():
+        old = block[k]
+        if isinstance(v, dict) and isinstance(old, CommentedMap) and set(old) == set(v):
+            for cls in v:
+                if not _same(old[cls], v[cls]):
+                    where[f"{k}.{cls}"] = (old.lc.data[cls][2], old.lc.data[cls][3])
+                    tokens[f"{k}.{cls}"], in_flow[f"{k}.{cls}"] = v[cls], True
+        else:
+            where[k] = (block.lc.data[k][2], block.lc.data[k][3])
+            tokens[k], in_flow[k] = v, bool(block.fa.flow_style())
     candidates = []
     # A mapping (old or new) goes straight to the token rewrite: ruamel would write a new one as a
     # block on the following lines, and the edit must keep the line count.
@@ -228,7 +240,7 @@ def edit_thresholds(text: str, profile: str, changes: Mapping[str, values.Value]
     for new in candidates:
         if _verify(text, new, profile, todo, spots, source):
             return _checked(new, profile, todo, source)
-    replaced = _replace_tokens(text, where, flow, todo, f"profiles.{profile}", source)
+    replaced = _replace_tokens(text, where, in_flow, tokens, f"profiles.{profile}", source)
     if _verify(text, replaced, profile, todo, spots, source):
         return _checked(replaced, profile, todo, source)
     raise ConfigEditError(

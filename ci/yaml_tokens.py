@@ -2,8 +2,8 @@
 
 ruamel.yaml's round trip re-indents odd layouts and cannot write a new flow mapping on the key's
 own line, so the edit falls back to rewriting the value token itself: a plain or quoted scalar,
-or a one-line flow mapping `{g1: -1, g16: 1024}`. Everything else on the line, a trailing
-comment's column included, is kept. Pure string functions.
+or a one-line flow mapping `{g1: -1, g16: 1024}`, or one value inside such a mapping. Everything
+else on the line, a trailing comment's column included, is kept. Pure string functions.
 """
 
 from __future__ import annotations
@@ -93,25 +93,48 @@ def token_end(line: str, start: int, flow: bool) -> int:
     return end
 
 
-def replace_tokens(text: str, where: Mapping[str, tuple[int, int]], flow: bool,
+def comment_start(line: str) -> int:
+    """Column of the line's trailing comment (`#` after a blank, outside quotes), or -1."""
+    i = 0
+    while i < len(line):
+        ch = line[i]
+        if ch in "'\"" and (i == 0 or line[i - 1] in " \t{[,:"):
+            end = _quoted_end(line, i)
+            if end == i:
+                return -1
+            i = end
+            continue
+        if ch == "#" and (i == 0 or line[i - 1] in " \t"):
+            return i
+        i += 1
+    return -1
+
+
+def replace_tokens(text: str, where: Mapping[str, tuple[int, int]], flow: bool | Mapping[str, bool],
                    new_tokens: Mapping[str, str]) -> str:
-    """Rewrite only the value token of each key (``where``: key -> value line, column).
+    """Rewrite only the value token of each key (``where``: key -> value line, column); ``flow``
+    (one for all, or per key): the token sits inside a flow collection. A trailing comment keeps
+    its column when the line still fits before it, else it moves to one space after the code.
 
     Raises TokenError(key, line) for a value that is not one token on its line.
     """
     lines = text.splitlines(keepends=True)
-    # Right to left, so that earlier columns on a shared (flow-style) line stay valid.
-    for line_no, col, key in sorted(((*where[k], k) for k in new_tokens), reverse=True):
+    by_line: dict[int, list[tuple[int, str]]] = {}
+    for key in new_tokens:
+        line_no, col = where[key]
+        by_line.setdefault(line_no, []).append((col, key))
+    for line_no, edits in by_line.items():
         line = lines[line_no]
-        end = token_end(line, col, flow)
-        if end <= col or line[col] in "|>&*!":
-            raise TokenError(key, line.strip())
-        new_token = new_tokens[key]
-        rest = line[end:]
-        comment = rest.lstrip(" ")
-        if comment.startswith("#"):
-            # Keep the comment where it was when the new token fits, else one space before it.
-            gap = max(1, len(rest) - len(comment) + (end - col) - len(new_token))
-            rest = " " * gap + comment
-        lines[line_no] = line[:col] + new_token + rest
+        comment_col = comment_start(line)
+        # Right to left, so that earlier columns on a shared (flow-style) line stay valid.
+        for col, key in sorted(edits, reverse=True):
+            end = token_end(line, col, flow if isinstance(flow, bool) else flow[key])
+            if end <= col or line[col] in "|>&*!":
+                raise TokenError(key, line.strip())
+            line = line[:col] + new_tokens[key] + line[end:]
+        now = comment_start(line)
+        if comment_col >= 0 and now >= 0 and now != comment_col:
+            code = line[:now].rstrip(" \t")
+            line = code + " " * max(1, comment_col - len(code)) + line[now:]
+        lines[line_no] = line
     return "".join(lines)

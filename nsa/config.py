@@ -16,7 +16,8 @@ class NSAConfig:
         n_kv_heads: key/value heads `Hkv` (GQA groups); `n_heads % n_kv_heads == 0`.
         head_dim_qk: `dk`, query/key head dim. head_dim_v: `dv`, value head dim (may differ).
         cmp_block: `l`, raw tokens per compressed token. cmp_stride: `d`, step between blocks.
-        sel_block: `l'`, selection block size. sel_count: `n`, selected blocks incl. the 3 forced.
+        sel_block: `l'`, selection block size. sel_count: `n`, selected blocks incl. the 3 forced
+            (3 to MAX_SEL_COUNT = 4096).
         window: `w`, sliding-window width including the query token.
         phi: compression function, `"avg"` (mean) or `"mlp"` (learnable, with position embedding).
         kv: `"separate"` (paper: own K/V projections per branch) or `"shared"` (one K/V).
@@ -76,6 +77,13 @@ class NSAConfig:
         return self.scale if self.scale is not None else self.head_dim_qk ** -0.5
 
 
+# Upper bound of `sel_count` (docs/nsa.md, "Selection"): the selected blocks are `[B, T, Hkv, n]`
+# whatever T, padded with -1, so n sizes a per-token tensor. 4096 is 256 times the paper's 16, an
+# index row of 32 KiB per token and KV head, and 262k tokens at l' = 64 (twice the longest
+# context run here, 128k); 10**9 asked for 8 GB per token and KV head.
+MAX_SEL_COUNT = 4096
+
+
 def validate_branch_params(*, cmp_block: int | None = None, cmp_stride: int | None = None,
                            sel_block: int | None = None, sel_count: int | None = None,
                            window: int | None = None) -> None:
@@ -88,7 +96,12 @@ def validate_branch_params(*, cmp_block: int | None = None, cmp_stride: int | No
         raise ValueError(
             f"cmp_stride must be <= cmp_block (blocks may overlap but not leave gaps), got "
             f"stride {cmp_stride} > block {cmp_block}; lower the stride or raise the block")
-    if sel_count is not None and (not isinstance(sel_count, int) or sel_count < 3):
+    if sel_count is not None and (not isinstance(sel_count, int) or isinstance(sel_count, bool) or sel_count < 3):
         raise ValueError(
             f"sel_count must be an int >= 3 (block 0, the current and the previous block are "
             f"always selected), got {sel_count!r}")
+    if sel_count is not None and sel_count > MAX_SEL_COUNT:
+        raise ValueError(
+            f"sel_count must be at most {MAX_SEL_COUNT}, got {sel_count}: the block indices are [B, T, Hkv, "
+            f"sel_count] at any T (-1 padded, docs/nsa.md), {sel_count * 8} bytes per token and KV head; "
+            "use the paper's 16, or a count near the blocks your longest sequence has (T / sel_block)")

@@ -10,7 +10,7 @@ The value for (profile, class) comes from `profiles.sm<major><minor>`, else `run
 (nsa.settings). Overrides for experiments, each logged and written into every results file by
 `describe()`:
     NSA_CONFIG=path                 read another config file
-    NSA_PROFILE=sm90                use that profile instead of the device's
+    NSA_PROFILE=sm90                use that profile instead of the device's (one the config defines)
     NSA_<KEY>=N                     replace one key for every class (e.g. NSA_FA2_MIN_LEN_WIN=4096)
     NSA_USE_<FAMILY>=0|1            0: every key of that family off (NSA_USE_FA2, NSA_USE_TRITON)
     NSA_FA2_FORCE=1                 FA-2 keys at 0; an FA-2 that cannot run then raises
@@ -184,9 +184,24 @@ def thresholds(device: torch.device | str | None = None) -> Thresholds:
     return _cache[cache_key]
 
 
+def _named_profile() -> str | None:
+    """Where a profile named by hand comes from (`set_overrides(profile=...)` or NSA_PROFILE), else None."""
+    if _cli_overrides.get("profile"):
+        return "override profile (code/CLI)"
+    return "NSA_PROFILE" if os.environ.get("NSA_PROFILE") else None
+
+
 def _load(profile: str) -> Thresholds:
     path = _cli_overrides.get("config") or os.environ.get("NSA_CONFIG") or None
     config = settings.load(path)
+    named = _named_profile()
+    if named is not None and profile not in config.profiles:
+        # A name the config lacks reads `runtime` alone: with the shipped config every key at -1,
+        # masked SDPA everywhere. A device's own profile may be missing (it falls back on purpose);
+        # a profile named by hand must be one the config defines.
+        raise settings.SettingsError(
+            f"{named} must name a profile of {config.source} ({', '.join(sorted(config.profiles)) or 'none'}), "
+            f"got {profile!r}; fix the name, or unset it to use the device's profile")
     overrides: dict[str, tuple[int, str]] = {}
     for key in keys.KEYS:
         env = os.environ.get(key.env)

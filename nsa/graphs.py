@@ -24,7 +24,8 @@ Costs: the first call of a signature runs `attend` `warmup` times and captures i
 autotuning happen there); each graph keeps the memory of one call's intermediates in its own
 pool, so at most `max_graphs` are kept, the least recently used dropped first. Inference only:
 replays record no autograd graph, so a call with gradients enabled and any input or parameter
-requiring them raises.
+requiring them raises. Training goes through the layer itself, `attn(x)` (or `attn.attend` called
+directly), whose gradients flow as docs/nsa.md, "Training", says.
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ class GraphedAttend:
         params = tuple(self.attn.parameters())
         if torch.is_grad_enabled() and any(t.requires_grad for t in (*tensors, *params)):
             raise RuntimeError("GraphedAttend is for inference: its replays record no autograd graph; call it under "
-                               "torch.no_grad() (or torch.inference_mode()), or call attn.attend(...) to train")
+                               "torch.no_grad() (or torch.inference_mode()), and train through the layer itself "
+                               "(attn(x), or attn.attend(q, kv, gates) without GraphedAttend), which carries gradients")
         devices = {t.device for t in tensors}
         if len(devices) != 1 or next(iter(devices)).type != "cuda":
             raise ValueError(f"GraphedAttend needs every input on one CUDA device, got {sorted(map(str, devices))}; "

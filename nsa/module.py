@@ -121,6 +121,44 @@ class NSAAttention(nn.Module):
                                     window=c.window, grad=grad)
         return calls
 
+    def _check_projections(self, q: Tensor, kv: Mapping[str, tuple[Tensor, Tensor]], gates: Tensor | None = None,
+                           t: int | None = None) -> None:
+        """`attend` / `plan` / `decode_attend` inputs against this layer's config: the kv names of its
+        kv mode (a mismatch was a KeyError), then every shape, heads and head dims included (another
+        dv was a torch broadcast error, another head count a silent broadcast). `t`: the query length
+        a decode step must have (1)."""
+        c = self.config
+        if not isinstance(q, Tensor) or q.dim() != 4:
+            shape = tuple(q.shape) if isinstance(q, Tensor) else type(q).__name__
+            raise ValueError(f"q must be [B, T, n_heads={c.n_heads}, head_dim_qk={c.head_dim_qk}], got {shape}")
+        if kv is not None and (not isinstance(kv, Mapping) or any(n not in kv for n in self.kv_names)):
+            got = sorted(map(str, kv)) if isinstance(kv, Mapping) else type(kv).__name__
+            other = "shared" if c.kv == "separate" else "separate"
+            theirs = {"separate": set(BRANCHES), "shared": {"shared"}}[other]
+            hint = f" (the projections of a kv={other!r} layer)" if isinstance(kv, Mapping) and set(kv) == theirs else ""
+            raise ValueError(f"kv must map {list(self.kv_names)} to (k, v) for this kv={c.kv!r} layer, got {got}{hint}; "
+                             f"pass this layer's own project(x) output, or make the layer with kv={other!r}")
+        b = q.shape[0]
+        t = q.shape[1] if t is None else t
+        want = [("q", q, ("n_heads", "head_dim_qk")), ("gates", gates, ("n_heads", 3))]
+        for name in self.kv_names if kv is not None else ():
+            pair = kv[name]
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise ValueError(f"kv[{name!r}] must be a (k, v) pair of tensors, got {type(pair).__name__}")
+            want += [(f"kv[{name!r}] k", pair[0], ("n_kv_heads", "head_dim_qk")),
+                     (f"kv[{name!r}] v", pair[1], ("n_kv_heads", "head_dim_v"))]
+        for label, x, dims in want:
+            if x is None:
+                continue
+            expected = (b, t, *(d if isinstance(d, int) else getattr(c, d) for d in dims))
+            if not isinstance(x, Tensor) or tuple(x.shape) != expected:
+                shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+                names = ", ".join(f"{d}={getattr(c, d)}" for d in dims if isinstance(d, str))
+                bt = "B and T from q" if t == q.shape[1] else f"B from q, T={t}"
+                raise ValueError(f"{label} must be [B, T, {', '.join(map(str, dims))}] = {list(expected)} for this "
+                                 f"layer ({names}, {bt}), got {list(shape) if isinstance(x, Tensor) else shape}; "
+                                 "pass this layer's own project(x) output, or make the layer to match the tensors")
+
     def _grad_of(self, q: Tensor, kv: Mapping[str, tuple[Tensor, Tensor]], gates: Tensor | None = None) -> bool:
         return self._needs_grad(q, gates, *(x for pair in kv.values() for x in pair))
 
@@ -130,6 +168,7 @@ class NSAAttention(nn.Module):
         `attend` runs. It compresses the keys, as `attend` does, since the compressed call's shape
         is part of the plan."""
         _check_branches(branches)
+        self._check_projections(q, kv)
         return dispatch.plan(self._calls(q, kv, *self._compressed(kv, branches), branches, q_start,
                                          grad=self._grad_of(q, kv)), self.backend)
 
@@ -142,6 +181,7 @@ class NSAAttention(nn.Module):
         per branch.
         """
         _check_branches(branches)
+        self._check_projections(q, kv, gates)
         if not branches:
             return q.new_zeros(*q.shape[:3], self.config.head_dim_v)
         kc, vc = self._compressed(kv, branches)
@@ -261,11 +301,22 @@ class NSAAttention(nn.Module):
         if not isinstance(cache, NSACache):
             raise TypeError(f"cache must be an NSACache from this layer's new_cache() or prefill(), got "
                             f"{type(cache).__name__}")
-        if cache.layout is not None and cache.layout != self._layout():
+        if cache.layout is None:
+            raise ValueError("this cache records no layer layout (an NSACache() made by hand holds no buffers); make "
+                             "the cache with this layer's new_cache() or prefill()")
+        if cache.layout != self._layout():
             theirs, ours = dict(cache.layout), dict(self._layout())
             diff = ", ".join(f"{k} {theirs.get(k)!r} != {ours[k]!r}" for k in ours if theirs.get(k) != ours[k])
             raise ValueError(f"this cache was made by a layer of another layout ({diff}); make the cache with this "
                              "layer's new_cache() or prefill()")
+
+    @staticmethod
+    def _check_batch(batch: int, cache: NSACache) -> None:
+        """The step's batch against the sequences the cache holds (another B was a torch expand error)."""
+        held = next((kb.data.shape[0] for kb, _ in cache.raw.values() if kb.data is not None), None)
+        if held is not None and held != batch:
+            raise ValueError(f"this cache holds B={held} sequences, got a step of B={batch}; step every sequence of "
+                             "the cache together, or make one cache per batch (new_cache() or prefill())")
 
     def new_cache(self) -> NSACache:
         c = self.config
@@ -323,6 +374,7 @@ class NSAAttention(nn.Module):
         self._check_cache(cache)
         if x_t.shape[1] != 1:
             raise ValueError(f"step takes one token x_t [B, 1, dim], got T={x_t.shape[1]}; use prefill for more")
+        self._check_batch(x_t.shape[0], cache)
         t = cache.length
         q, kv, gates = self.project(x_t, start=t)
         for name, (kb, vb) in cache.raw.items():
@@ -340,6 +392,11 @@ class NSAAttention(nn.Module):
         c = self.config
         _check_branches(branches)
         self._check_cache(cache)
+        if cache.length < 1:
+            raise ValueError("decode_attend needs a cache that holds the current token's K/V, got an empty cache; "
+                             "call step(x_t, cache), which appends them first, or prefill(x)")
+        self._check_projections(q, None, gates, t=1)
+        self._check_batch(q.shape[0], cache)
         t = cache.length - 1
         reads = ReadCounts()
         if not branches:

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from nsa import keys
+from nsa.config import MAX_SEL_COUNT
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "base.yaml"  # a checkout's
 
@@ -170,6 +171,9 @@ def load_text(text: str, source: str = "config") -> Settings:
         grid[name] = value
     if grid["sel_count"] < 3:
         raise SettingsError(f"{source}: nsa.sel_count must be >= 3 (three blocks are forced), got {grid['sel_count']}")
+    if grid["sel_count"] > MAX_SEL_COUNT:
+        raise SettingsError(f"{source}: nsa.sel_count must be at most {MAX_SEL_COUNT} (the block indices are "
+                            f"[B, T, Hkv, sel_count] at any T), got {grid['sel_count']}; use the paper's 16")
     decide_doc = _section(doc, "decide", source, required=False)
     _unknown(decide_doc, DECIDE_FIELDS, source, "decide key", "decide.")
     decide = {}

@@ -100,6 +100,28 @@ def test_mapping_with_a_comment_keeps_the_comment_column() -> None:
     assert settings.load_text(new).written("triton_min_len_cmp", "sm89") == -1
 
 
+@pytest.mark.parametrize("before,after,changes", [
+    ('    fa2_min_len_win: {"g1": 2048, "g16": -1}   # measured on H100\n',
+     '    fa2_min_len_win: {"g1": 2048, "g16": 1024} # measured on H100\n', {"g1": 2048, "g16": 1024}),
+    ("    fa2_min_len_win: { g1: 512 ,  g4: -1 }      # spaced\n",
+     "    fa2_min_len_win: { g1: 40960 ,  g4: -1 }    # spaced\n", {"g1": 40960, "g4": -1}),
+    ("    fa2_min_len_win: {'g16': 65536, g1: -1}  # quoted\n",
+     "    fa2_min_len_win: {'g16': 1, g1: 2}       # quoted\n", {"g1": 2, "g16": 1}),
+    ('    fa2_min_len_win: {"g1": 2048, "g16": -1}\n', '    fa2_min_len_win: {"g1": 2048, "g16": 1024}\n',
+     {"g16": 1024, "g1": 2048}),
+], ids=["json-style", "spaced", "quoted-reordered", "no-comment"])
+def test_one_value_in_a_flow_mapping_keeps_every_other_byte(before: str, after: str, changes: dict) -> None:
+    """A JSON-style flow map was re-written as `{g1: 2048, g16: 1024}` (quotes and spacing gone,
+    the gap before its comment shrunk); a mapping that keeps its classes now has only the
+    changed values rewritten, in place, and the comment keeps its column."""
+    # sm90 is the first profile, so the first 4-space fa2_min_len_win line is its own.
+    old = _read(GOLDEN / "config_base.yaml").replace("    fa2_min_len_win: -1\n", before, 1)
+    assert before in old
+    new = edit_thresholds(old, "sm90", {"fa2_min_len_win": changes})
+    assert _changed_lines(old, new) == [(before, after)]
+    assert settings.load_text(new).written("fa2_min_len_win", "sm90") == changes
+
+
 def test_golden_base_matches_repo_config() -> None:
     """The golden input is the real config before any adoption, so the golden test covers what the PR
     edits: byte for byte once the real file's thresholds are set back to -1 (formatting or comment

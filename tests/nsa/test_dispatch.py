@@ -20,6 +20,7 @@ profiles:
   sm90:
     fa2_min_len_win: 2048
     triton_min_len_sel: {g1: -1, g16: 1024}
+  sm80: {}
 """
 
 
@@ -78,6 +79,26 @@ def test_env_and_cli_overrides_are_reported(config, monkeypatch):
     assert dispatch.thresholds().value("triton_min_len_sel", "g16") == -1
 
 
+@pytest.mark.parametrize("name", ["junk", "sm90 ", " sm90", "SM90", "sm86"])
+def test_a_profile_named_by_hand_must_be_one_the_config_defines(config, monkeypatch, name):
+    """NSA_PROFILE=junk once read `runtime` alone (every key -1 with the shipped config: masked
+    SDPA everywhere) without a word; it and the code/CLI override are refused with the known names."""
+    monkeypatch.setenv("NSA_PROFILE", name)
+    with pytest.raises(ValueError, match=rf"NSA_PROFILE must name a profile of base\.yaml \(sm80, sm90\), got "
+                                         rf"'{name}'; fix the name, or unset it to use the device's profile"):
+        dispatch.thresholds()
+    with pytest.raises(ValueError, match="NSA_PROFILE must name a profile"):
+        dispatch.describe()
+    monkeypatch.delenv("NSA_PROFILE")
+    dispatch.set_overrides(profile=name)
+    with pytest.raises(ValueError, match=r"override profile \(code/CLI\) must name a profile of base\.yaml"):
+        dispatch.thresholds()
+    dispatch.set_overrides(profile="sm90")
+    assert dispatch.thresholds().value("fa2_min_len_win", "g1") == 2048
+    dispatch.set_overrides(profile=None)
+    assert dispatch.thresholds().profile == "cpu"     # the device's own profile may be missing: runtime
+
+
 def test_bad_override_values_raise(config, monkeypatch):
     monkeypatch.setenv("NSA_USE_FA2", "yes")
     with pytest.raises(ValueError, match="NSA_USE_FA2 must be 0 or 1"):
@@ -105,6 +126,7 @@ def test_bad_override_values_raise(config, monkeypatch):
     ("profiles:\n  hopper:\n    fa2_min_len_win: 1\n", "profile names must look like sm90"),
     ("decide:\n  margin: .nan\n", "decide.margin must be a finite number"),
     ("nsa:\n  window: 0\n", "nsa.window must be a positive int"),
+    ("nsa:\n  sel_count: 4097\n", r"nsa.sel_count must be at most 4096 .*got 4097; use the paper's 16"),
     ("nope: 1\n", "top-level section nope is unknown"),
     ("- a\n", "must be a YAML mapping"),
     ("runtime: [\n", "must be valid YAML"),

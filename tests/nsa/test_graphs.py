@@ -48,9 +48,16 @@ def test_graphed_refuses_cpu_tensors_and_gradients():
     with torch.no_grad(), pytest.raises(ValueError, match=r"one CUDA device, got \['cpu'\].*attn.attend"):
         graphed(q, kv, gates)
     # Gradients enabled and the module's parameters require them (the default): refused first.
-    with pytest.raises(RuntimeError, match=r"for inference.*torch.no_grad\(\)"):
+    with pytest.raises(RuntimeError, match=r"for inference.*torch.no_grad\(\)") as refused:
         graphed(q, kv, gates)
     assert len(graphed) == 0 and graphed.captures == 0
+    # The fix it names is true: the layer itself trains (it once said "call attn.attend(...) to
+    # train" while training did not work; now the module call carries gradients).
+    assert "train through the layer itself (attn(x)" in str(refused.value)
+    attn = graphed.attn
+    x = torch.randn(1, 40, attn.config.dim)
+    attn(x).sum().backward()
+    assert attn.q_proj.weight.grad is not None and attn.q_proj.weight.grad.abs().sum() > 0
 
 
 def test_graphed_key_covers_what_a_graph_holds_fixed():

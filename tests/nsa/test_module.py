@@ -200,3 +200,95 @@ def test_unknown_branches_get_the_fix(branches):
         _, cache = m.prefill(x)
         with pytest.raises(ValueError, match="branches must be"):
             m.step(x[:, :1], cache, branches=branches)
+
+
+@pytest.mark.parametrize("sel_count", [10**9, 2_000_000, 4097])
+def test_a_selection_count_beyond_the_bound_is_refused(sel_count):
+    """10**9 tried to allocate about 32 TB (the -1 padded [B, T, Hkv, n] indices) and 2_000_000 took
+    7.6 GiB; refused before any allocation, in the config and in the op."""
+    with pytest.raises(ValueError, match=rf"sel_count must be at most 4096, got {sel_count}: .*use the paper's 16"):
+        _small(sel_count=sel_count)
+    from nsa import ops
+
+    with pytest.raises(ValueError, match="sel_count must be at most 4096"):
+        ops.select_blocks(torch.randn(1, 20, 4, 16), torch.randn(1, 4, 2, 16), block=8, stride=4, sel_block=16,
+                          sel_count=sel_count)
+
+
+def test_the_largest_selection_count_keeps_the_selection(seed):
+    """At the bound nothing is clamped: rows hold every candidate, -1 padded to n, as the oracle's."""
+    m = _module(sel_count=4096)
+    x = rand(1, 40, 32)
+    with torch.no_grad():
+        assert rel_err(m(x), reference.module_forward(m, x)) < 1e-5
+        _, cache = m.prefill(x)
+        m.step(x[:, :1], cache)
+    assert cache.reads.sel_blocks.shape[-1] == 4096 and (cache.reads.sel_blocks[..., 3:] == -1).all()
+
+
+def _projections(m: NSAAttention, t: int = 20):
+    return m.project(torch.randn(1, t, 32))
+
+
+@pytest.mark.parametrize("kv", ["separate", "shared"])
+def test_projections_of_another_kv_mode_get_the_fix(kv):
+    """The kv dict of a kv="shared" layer given to a kv="separate" one was `KeyError: 'cmp'` (and the
+    other way round `KeyError: 'shared'`), in attend, plan and forward's path."""
+    other = "shared" if kv == "separate" else "separate"
+    m, theirs = NSAAttention(_small(kv=kv)), NSAAttention(_small(kv=other))
+    q, _, gates = _projections(m)
+    _, kv_theirs, _ = _projections(theirs)
+    match = rf"kv must map .* for this kv='{kv}' layer, got .* \(the projections of a kv='{other}' layer\); .*kv='{other}'"
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=match):
+            m.attend(q, kv_theirs, gates)
+        with pytest.raises(ValueError, match=match):
+            m.plan(q, kv_theirs)
+        with pytest.raises(ValueError, match="kv must map"):
+            m.attend(q, {}, gates, branches=("win",))
+
+
+@pytest.mark.parametrize("bad", ["v_dv", "k_heads", "q_dk", "gates", "v_len"])
+def test_projections_of_another_shape_get_the_fix(bad):
+    """A v of another dv was a torch broadcast error deep in the gated sum; K/V of another head count
+    broadcast into finite wrong output. Every tensor is checked against the layer's config."""
+    m = NSAAttention(_small())
+    q, kv, gates = _projections(m)
+    k, v = kv["sel"]
+    if bad == "v_dv":
+        kv["sel"], match = (k, v[..., :8]), r"kv\['sel'\] v must be \[B, T, n_kv_heads, head_dim_v\] = \[1, 20, 2, 16\]"
+    elif bad == "k_heads":
+        kv["sel"], match = (k[:, :, :1], v), r"kv\['sel'\] k must be .* got \[1, 20, 1, 16\]"
+    elif bad == "q_dk":
+        q, match = q[..., :8], r"q must be \[B, T, n_heads, head_dim_qk\]"
+    elif bad == "gates":
+        gates, match = gates[..., :2], r"gates must be \[B, T, n_heads, 3\] = \[1, 20, 4, 3\]"
+    else:
+        kv["sel"], match = (k[:, :10], v[:, :10]), r"kv\['sel'\] k must be .* got \[1, 10, 2, 16\]"
+    with torch.no_grad(), pytest.raises(ValueError, match=match + ".*project\\(x\\) output"):
+        m.attend(q, kv, gates)
+
+
+def test_decode_misuse_gets_the_fix():
+    """A hand-made NSACache() was `KeyError: 'cmp'` (kv="separate") or `'shared'`; a step of another
+    batch size a torch expand error; decode_attend took a query of another head count or two tokens."""
+    from nsa import NSACache
+
+    m = NSAAttention(_small())
+    x = torch.randn(1, 20, 32)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"records no layer layout .*new_cache\(\) or prefill\(\)"):
+            m.step(x[:, :1], NSACache())
+        with pytest.raises(ValueError, match="got an empty cache; call step"):
+            m.decode_attend(torch.randn(1, 1, 4, 16), torch.rand(1, 1, 4, 3), m.new_cache())
+        _, cache = m.prefill(x)
+        with pytest.raises(ValueError, match=r"this cache holds B=1 sequences, got a step of B=2"):
+            m.step(torch.randn(2, 1, 32), cache)
+        assert cache.length == 20                   # refused before anything was appended
+        with pytest.raises(ValueError, match=r"q must be .* = \[1, 1, 4, 16\] .*T=1\), got \[1, 2, 4, 16\]"):
+            m.decode_attend(torch.randn(1, 2, 4, 16), torch.rand(1, 2, 4, 3), cache)
+        with pytest.raises(ValueError, match=r"q must be .*got \[1, 1, 2, 16\]"):
+            m.decode_attend(torch.randn(1, 1, 2, 16), torch.rand(1, 1, 2, 3), cache)
+        with pytest.raises(ValueError, match=r"this cache holds B=1 sequences, got a step of B=2"):
+            m.decode_attend(torch.randn(2, 1, 4, 16), torch.rand(2, 1, 4, 3), cache)
+        m.step(x[:, :1], cache)                     # the right inputs still step
