@@ -27,6 +27,7 @@ __all__ = [
     "keep_unmeasured",
     "link_images",
     "load_report",
+    "safe_name",
     "truncate_body",
     "validate_decision",
 ]
@@ -38,6 +39,17 @@ LABEL = "nsa-thresholds"
 REPORT_NAME = "report.md"
 PLOT_SUFFIXES = (".png",)
 _PROFILE = re.compile(r"sm[0-9]+[a-z]?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>#|~])")
+NAME_LIMIT = 100
+
+
+def safe_name(name: str) -> str:
+    """``name`` (a GPU name from a results file) as one line of inert text for a title or a markdown
+    body: control characters and line breaks become spaces, runs of spaces one, markdown and HTML
+    characters are escaped with a backslash, and at most NAME_LIMIT characters are kept."""
+    flat = " ".join(_CONTROL.sub(" ", name).split())[:NAME_LIMIT]
+    return _MARKDOWN.sub(r"\\\1", flat)
 
 
 class PlanError(ValueError):
@@ -312,7 +324,8 @@ def build_plan(decision: Mapping[str, Any], report: str, files: tuple[ReportFile
     branches = _branches(decision)
     changes = {b["key"]: b["proposed"] for b in branches.values() if b["changed"]}
     covered, uncovered = _coverage(branches)
-    title = _title(gpu_name.strip(), profile, branches)
+    gpu_name = safe_name(gpu_name)
+    title = _title(gpu_name, profile, branches)
     lines = [title, ""]
     for name, b in branches.items():
         state = (f"{_shown(b['current'])} -> {_shown(b['proposed'])}" if b["changed"]
@@ -323,7 +336,7 @@ def build_plan(decision: Mapping[str, Any], report: str, files: tuple[ReportFile
     lines += ["", f"Report: reports/{profile}/{REPORT_NAME}"]
     return PrPlan(
         profile=profile,
-        gpu_name=gpu_name.strip(),
+        gpu_name=gpu_name,
         branch=branch_for(profile),
         title=title,
         report=report,
