@@ -310,8 +310,7 @@ def _below_the_floor(measured: int | None, why: str, deciding: Sequence[int], la
 
 def written_value(per_class: Mapping[str, int]) -> int | dict[str, int]:
     """One int when every class agrees, else a mapping naming every class (the YAML form)."""
-    values = set(per_class.values())
-    return next(iter(values)) if len(values) == 1 else {c: per_class[c] for c in keys.CLASSES}
+    return values.written(per_class)
 
 
 def decide_branch(branch: Branch, cells: Sequence[Cell], cfg: DecideConfig, profile: str,

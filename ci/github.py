@@ -8,7 +8,11 @@ PyGithub retries a POST that GitHub may already have carried out: running twice 
 second PR.
 
 Outcomes: ``created``, ``updated`` (an open PR existed: push, refresh title and body), ``closed``
-(the open PR became unnecessary: closed, branch deleted), ``none`` (nothing to change, no PR).
+(the open PR became unnecessary: closed, branch deleted), ``none`` (nothing to change, no PR; or a
+run that measured no threshold key, which leaves an open PR as it is).
+
+Closing needs the same kind of evidence as opening: a (key, class) that this run did not measure
+(``ci history`` marks it ``lasting.covered: false``) keeps the open PR's change to it.
 """
 
 from __future__ import annotations
@@ -27,10 +31,10 @@ from github.GitRef import GitRef
 from github.PullRequest import PullRequest
 from github.Repository import Repository
 
-from ci.config_edit import edit_thresholds, unified_diff
+from ci.config_edit import ConfigEditError, edit_thresholds, unified_diff
 from ci.github_call import branch_ref
 from ci.github_errors import GitHubError, Secret, explain
-from ci.pr_plan import PrPlan
+from ci.pr_plan import PrPlan, keep_unmeasured
 
 __all__ = [
     "DEFAULT_API_URL",
@@ -62,7 +66,7 @@ class Target:
 @dataclass(frozen=True)
 class Result:
     outcome: str  # created | updated | closed | none
-    url: str  # the PR's web address, "" for none
+    url: str  # the PR's web address, "" for none without an open PR
     base: str
     config_diff: str
     body: str
@@ -283,6 +287,43 @@ def _delete_branch(s: _Session, repo: Repository, branch: str) -> None:
         s.log(f"deleted branch {branch}")
 
 
+def _config_at(s: _Session, repo: Repository, config_path: str, sha: str, where: str) -> Any:
+    """The config at commit ``sha``, read by the one loader (``nsa.settings``)."""
+    from nsa import settings
+
+    with s.call("GET", f"/contents/{config_path}?ref={sha}"):
+        found = repo.get_contents(config_path, ref=sha)
+    try:
+        if isinstance(found, list):
+            raise ValueError("a folder")
+        return settings.load_text(found.decoded_content.decode("utf-8"), f"{config_path} on {where}")
+    except (ValueError, UnicodeDecodeError) as exc:  # SettingsError is a ValueError
+        raise ConfigEditError(f"{config_path} on {where} must be a config `ci pr` can read, got {exc}; fix it "
+                              "there, or close that PR and delete its branch, then rerun") from None
+
+
+def _unmeasured_changes(s: _Session, repo: Repository, pr: PullRequest, plan: PrPlan,
+                        config_path: str) -> dict[tuple[str, str], int]:
+    """The open PR's own changes (its head against the commit below it) to the (key, class) pairs this
+    run did not measure: the values to keep, since no evidence of this run speaks about them."""
+    head = pr.head.sha
+    if not head:
+        return {}
+    with s.call("GET", f"/git/commits/{head}"):
+        parents = [p.sha for p in repo.get_git_commit(head).parents]
+    if not parents:
+        return {}
+    where = f"PR #{pr.number}'s branch"
+    new = _config_at(s, repo, config_path, head, where)
+    old = _config_at(s, repo, config_path, parents[0], f"the commit below {where}")
+    kept = {}
+    for key, cls in plan.uncovered:
+        value = new.value(key, plan.profile, cls)[0]
+        if value != old.value(key, plan.profile, cls)[0]:
+            kept[(key, cls)] = value
+    return kept
+
+
 def publish(
     gh: Github,
     target: Target,
@@ -304,6 +345,12 @@ def publish(
         base = base or repo.default_branch
         html_url = repo.html_url
     pulls = s.open_pulls(repo, plan.branch)
+    if pulls and not plan.covered:
+        # Closing needs the same kind of evidence as opening: a run that measured no key (a `fast`-only
+        # dispatch, another model's partial run) says nothing about the open PR's changes.
+        s.log(f"this run measured no threshold key (no key's cells reached its decision grid); "
+              f"PR #{pulls[0].number} is left as it is")
+        return Result("none", pulls[0].html_url, base, "", plan.body())
     base_ref = s.ref(repo, base)
     if base_ref is None:
         raise GitHubError(
@@ -317,6 +364,12 @@ def publish(
                 f"--config must name a file, got the folder {config_path!r}; pass configs/base.yaml"
             )
         old_text = old.decoded_content.decode("utf-8")
+    if pulls and plan.uncovered:
+        kept = _unmeasured_changes(s, repo, pulls[0], plan, config_path)
+        if kept:
+            s.log(f"kept PR #{pulls[0].number}'s change to {', '.join(f'{k}[{c}]' for k, c in kept)}: this run "
+                  "did not measure it")
+            plan = keep_unmeasured(plan, kept, pulls[0].number)
     new_text = edit_thresholds(old_text, plan.profile, plan.changes, source=f"{config_path} on {base}")
     diff = unified_diff(old_text, new_text, config_path)
     if new_text == old_text:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import requests
 from github import GithubException
 
-from ci.github_errors import GitHubError, Secret, explain
+from ci.github_errors import GitHubError, Secret, explain, is_locked
 
 __all__ = ["Caller", "GitHubError"]
 
@@ -36,7 +36,8 @@ class Caller:
             yield
         except (GithubException, requests.exceptions.RequestException) as exc:
             err = explain(exc, method, path, repository=self.repository, api_url=self.api_url, token=self.token)
-            if err.status == 403 and "rate limit" not in str(err):
+            locked = isinstance(exc, GithubException) and is_locked(exc)
+            if err.status == 403 and "rate limit" not in str(err) and not locked:
                 where = f"{method} /repos/{self.repository}{path}"
                 err = GitHubError(self.token.scrub(f"GitHub answered 403 for {where}: {self.forbidden}"), 403)
             raise err from None

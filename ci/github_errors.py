@@ -12,7 +12,7 @@ import requests
 from github import GithubException, RateLimitExceededException
 from github.GithubException import RateLimitExceededExceedsMaxWait
 
-__all__ = ["GitHubError", "Secret", "explain"]
+__all__ = ["GitHubError", "Secret", "explain", "is_locked"]
 
 
 class Secret:
@@ -66,6 +66,12 @@ def _is_rate_limit(exc: GithubException) -> bool:
     )
 
 
+def is_locked(exc: GithubException) -> bool:
+    """A 403 because the issue or pull request is locked (GitHub: "Unable to create comment because
+    issue is locked."): the token's permissions are not the cause."""
+    return exc.status == 403 and "locked" in _github_message(exc).lower()
+
+
 def _fix(status: int, method: str, path: str, exc: GithubException, repository: str) -> str:
     """Cause and fix for one failed call, from its status and what it was for."""
     reset_known = any(k.lower() == "x-ratelimit-reset" for k in (exc.headers or {}))
@@ -89,6 +95,9 @@ def _fix(status: int, method: str, path: str, exc: GithubException, repository: 
         )
     if status == 401:
         return "the token was rejected (bad or expired credentials); set GITHUB_TOKEN or GH_TOKEN to a valid token"
+    if is_locked(exc):
+        return ("the conversation is locked, so GitHub refuses new comments whatever the token's permissions; "
+                "unlock it (Unlock conversation on its page) or close it by hand, then rerun")
     if status == 403:
         if "/pulls" in path or "/issues/" in path:
             return (

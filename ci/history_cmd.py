@@ -210,6 +210,9 @@ def rewrite(doc: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], raw: S
         info = dict(new["lasting"])
         info.pop("evidence", None)
         info["raw"] = {f: old[f] for f in RAW_FIELDS} if old["changed"] else None
+        # Whether this run measured the (key, class) at all: `ci pr` leaves an open PR's change to a
+        # (key, class) that the run did not cover as it is (closing needs covering evidence too).
+        info["covered"] = covers_grid(old)
         by[(new["key"], new["class"])] = {**{k: v for k, v in new.items() if k != "lasting"}, "lasting": info}
     branches = {name: _branch_summary(b, {c: by[(b["key"], c)] for c in b["classes"]})
                 for name, b in doc["branches"].items()}

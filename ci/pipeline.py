@@ -298,9 +298,13 @@ def _finish(done: Sequence[StageResult], doc: dict[str, Any], report_dir: Path |
             print(f"FA-2 unavailable: {fa2.get('reason')}")
         if not triton.get("ran", True):
             print(f"Triton not measured: {triton.get('reason')}")
-        branches = ", ".join(f"{name} {text(b['current'])} -> {text(b['proposed'])}" if b.get("changed")
+        # Only a decision that `ci history` rewrote proposes anything: decide's own proposal has not
+        # passed the K-run rule, so it is never shown as a change (and `ci pr` refuses it).
+        vetted = isinstance(doc.get("history"), dict)
+        branches = ", ".join(f"{name} {text(b['current'])} -> {text(b['proposed'])}" if b.get("changed") and vetted
                              else f"{name} {text(b['current'])} (unchanged)" for name, b in doc.get("branches", {}).items())
-        print(f"thresholds ({doc.get('profile')}, {doc.get('gpu_name')}): {branches}")
+        print(f"thresholds ({doc.get('profile')}, {doc.get('gpu_name')}): {branches}" + (
+            "" if vetted else "; not vetted by `ci history`, so no change is proposed"))
         if report_dir is not None and (report_dir / "report.md").is_file():
             print(f"report: {report_dir / 'report.md'}")
     failed = [r for r in done if r.status == "failed"]

@@ -36,6 +36,10 @@ One branch per profile (nsa-thresholds/<profile>), rebuilt from the base branch 
 commit changes only the threshold keys of configs/base.yaml plus reports/<profile>/. The outcome is
 created, updated, closed or none; it is printed and written to $GITHUB_OUTPUT (outcome=, pr_url=).
 
+--decision must be the file that `python -m ci history` rewrote (each change held for the last K runs);
+decide's own file is refused. A key this run did not measure keeps the open PR's change to it, and a
+run that measured no key leaves the open PR as it is: closing needs covering evidence, as opening does.
+
 Environment: GITHUB_REPOSITORY (owner/name), GITHUB_TOKEN or GH_TOKEN, GITHUB_API_URL (default
 https://api.github.com; GitHub Enterprise: https://HOST/api/v3), NSA_PR_DRY_RUN (true: as
 --dry-run; how the GPU workflow passes its dry_run input). Without a token, with --dry-run or with

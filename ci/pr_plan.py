@@ -6,13 +6,15 @@ title, labels, body limit and committed paths be tested without a server.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ci import values
+from nsa import keys
 
 __all__ = [
     "BODY_LIMIT",
@@ -22,8 +24,10 @@ __all__ = [
     "ReportFile",
     "branch_for",
     "build_plan",
+    "keep_unmeasured",
     "link_images",
     "load_report",
+    "safe_name",
     "truncate_body",
     "validate_decision",
 ]
@@ -35,6 +39,17 @@ LABEL = "nsa-thresholds"
 REPORT_NAME = "report.md"
 PLOT_SUFFIXES = (".png",)
 _PROFILE = re.compile(r"sm[0-9]+[a-z]?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>#|~])")
+NAME_LIMIT = 100
+
+
+def safe_name(name: str) -> str:
+    """``name`` (a GPU name from a results file) as one line of inert text for a title or a markdown
+    body: control characters and line breaks become spaces, runs of spaces one, markdown and HTML
+    characters are escaped with a backslash, and at most NAME_LIMIT characters are kept."""
+    flat = " ".join(_CONTROL.sub(" ", name).split())[:NAME_LIMIT]
+    return _MARKDOWN.sub(r"\\\1", flat)
 
 
 class PlanError(ValueError):
@@ -62,6 +77,11 @@ class PrPlan:
     changes: dict[str, values.Value]  # key -> int, or per-class mapping (written as a YAML flow mapping)
     files: tuple[ReportFile, ...]
     commit_message: str
+    # (key, class) pairs this run measured (its cells covered the key's decision grid) and did not:
+    # an open PR's change to an unmeasured pair is kept (`keep_unmeasured`), never closed on no evidence.
+    covered: tuple[tuple[str, str], ...] = ()
+    uncovered: tuple[tuple[str, str], ...] = ()
+    decision: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def report_dir(self) -> str:
@@ -185,6 +205,11 @@ def validate_decision(doc: Any) -> None:
         shown = sorted(set(failed + parity))
         raise PlanError(f"decision must have no failed cells, got {len(shown)} ({', '.join(shown[:3])}"
                         f"{', ...' if len(shown) > 3 else ''}); {fix}")
+    history_fix = ("run `python -m ci history` on it first (the K-run rule: a change needs the same value in the last "
+                   "K runs), then pass the decision it rewrote")
+    if not isinstance(doc.get("history"), Mapping):
+        raise PlanError(f"decision must carry the verdict of `ci history`, got a decision without `history`; "
+                        f"{history_fix}")
     from nsa import settings  # PyYAML: imported here, so `python -m ci guard` needs nothing installed
 
     for name, b in _branches(doc).items():
@@ -209,6 +234,14 @@ def validate_decision(doc: Any) -> None:
             if not isinstance(lengths, list) or not all(isinstance(x, Mapping) and _is_int(x.get("T")) for x in lengths):
                 raise PlanError(f"{where}.lengths must be a list of {{T: int, ...}}, got {lengths!r}; {fix}")
             tested = sorted(x["T"] for x in lengths)
+            lasting = e.get("lasting")
+            if not isinstance(lasting, Mapping) or not isinstance(lasting.get("covered"), bool):
+                raise PlanError(f"{where}.lasting must be the verdict of `ci history` (held, covered), got "
+                                f"{lasting!r}; {history_fix}")
+            if e.get("changed") and lasting.get("held") is not True:
+                raise PlanError(f"{where} must change only a value that lasted (lasting.held true), got "
+                                f"{e.get('current')} -> {e.get('proposed')} with held {lasting.get('held')!r}; "
+                                f"{history_fix}")
             if e.get("changed") and e.get("proposed") != -1 and e.get("proposed") not in tested:
                 raise PlanError(f"{where}.proposed must be -1 or a tested length of {b['key']} "
                                 f"({', '.join(map(str, tested)) or 'none tested'}), got {e.get('proposed')}; {fix}")
@@ -222,6 +255,52 @@ def _title(gpu_name: str, profile: str, branches: Mapping[str, Mapping[str, Any]
     ]
     title = f"NSA thresholds for {gpu_name} ({profile}): {', '.join(parts)}"
     return title if len(title) <= TITLE_LIMIT else title[: TITLE_LIMIT - 3] + "..."
+
+
+def _coverage(branches: Mapping[str, Mapping[str, Any]]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(covered, uncovered) (key, class) pairs from each entry's `lasting.covered` (set by `ci history`;
+    an entry without it counts as covered). A branch without classes stands for every class."""
+    covered: list[tuple[str, str]] = []
+    uncovered: list[tuple[str, str]] = []
+    for b in branches.values():
+        classes = b.get("classes")
+        items = (list(classes.items()) if isinstance(classes, Mapping) and classes
+                 else [(c, b) for c in keys.CLASSES])
+        for cls, e in items:
+            lasting = e.get("lasting") if isinstance(e, Mapping) else None
+            seen = not isinstance(lasting, Mapping) or lasting.get("covered") is not False
+            (covered if seen else uncovered).append((b["key"], str(cls)))
+    return covered, uncovered
+
+
+def keep_unmeasured(plan: PrPlan, kept: Mapping[tuple[str, str], int], number: int) -> PrPlan:
+    """``plan`` with the open PR #``number``'s values for (key, class) pairs this run did not measure.
+
+    A run that never timed a key says nothing about it: the PR keeps the change that covering runs
+    put there (it opened on K runs of evidence and closes only on covering evidence).
+    """
+    if not kept:
+        return plan
+    doc = copy.deepcopy(dict(plan.decision))
+    for b in doc["branches"].values():
+        mine = {cls: v for (key, cls), v in kept.items() if key == b["key"]}
+        if not mine:
+            continue
+        why = f"kept from PR #{number}, this run did not measure it"
+        classes = b.get("classes")
+        if isinstance(classes, Mapping) and classes:
+            for cls, v in mine.items():
+                e = classes[cls]
+                e.update(proposed=v, changed=v != e["current"], reason=f"{v} {why}")
+            per_class = {c: e["proposed"] for c, e in classes.items()}
+        else:
+            whole = b["proposed"]
+            per_class = {c: whole[c] if isinstance(whole, Mapping) else whole for c in keys.CLASSES} | mine
+        b["proposed"] = values.written(per_class)
+        b["changed"] = b["proposed"] != b["current"]
+        shown = ", ".join(f"{c}: {v}" for c, v in values.ordered(mine).items())
+        b["reason"] = f"{b.get('reason') or ''}; {shown} {why}".lstrip("; ")
+    return build_plan(doc, plan.report, plan.files)
 
 
 def build_plan(decision: Mapping[str, Any], report: str, files: tuple[ReportFile, ...]) -> PrPlan:
@@ -244,7 +323,9 @@ def build_plan(decision: Mapping[str, Any], report: str, files: tuple[ReportFile
         )
     branches = _branches(decision)
     changes = {b["key"]: b["proposed"] for b in branches.values() if b["changed"]}
-    title = _title(gpu_name.strip(), profile, branches)
+    covered, uncovered = _coverage(branches)
+    gpu_name = safe_name(gpu_name)
+    title = _title(gpu_name, profile, branches)
     lines = [title, ""]
     for name, b in branches.items():
         state = (f"{_shown(b['current'])} -> {_shown(b['proposed'])}" if b["changed"]
@@ -255,7 +336,7 @@ def build_plan(decision: Mapping[str, Any], report: str, files: tuple[ReportFile
     lines += ["", f"Report: reports/{profile}/{REPORT_NAME}"]
     return PrPlan(
         profile=profile,
-        gpu_name=gpu_name.strip(),
+        gpu_name=gpu_name,
         branch=branch_for(profile),
         title=title,
         report=report,
@@ -263,4 +344,7 @@ def build_plan(decision: Mapping[str, Any], report: str, files: tuple[ReportFile
         changes=changes,
         files=files,
         commit_message="\n".join(lines) + "\n",
+        covered=tuple(covered),
+        uncovered=tuple(uncovered),
+        decision=decision,
     )

@@ -1,8 +1,10 @@
 """One tracking issue per GPU model for performance regressions (PyGithub; see ``ci.regress``).
 
-The issue is found by its fixed title, ``Performance regression on <GPU name>``, among open issues
-with the label ``nsa-regression``; it is never remembered elsewhere, so a rerun finds what a failed
-run left. Outcomes, as for the threshold PR:
+The issue is titled ``Performance regression on <GPU name>`` (the name made one line of inert
+text), labelled ``nsa-regression``, and found by the model's marker in its body,
+``<!-- nsa-regression: <gpu slug> -->``, among all open issues: never by its label (which a person
+may delete) nor remembered elsewhere, so a rerun finds what a failed run left. Outcomes, as for the
+threshold PR:
 
 - ``created``: regressions and no open issue: opened with the list of regressions as its body.
 - ``updated``: regressions and an open issue: body replaced, one comment for this run.
@@ -11,8 +13,8 @@ run left. Outcomes, as for the threshold PR:
 
 The body and every comment carry ``<!-- nsa-regression-run: <run id> -->``; a run's comment is not
 posted where its marker already is, so rerunning a run adds nothing; a create that failed after GitHub carried it out is
-found by looking again, never opened twice. Extra open issues of the same title (two jobs raced)
-are closed as duplicates of the oldest.
+found by looking again, never opened twice. Extra open issues with the model's marker (two jobs
+raced, or a run opened one while the label was gone) are closed as duplicates of the oldest.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from github.Repository import Repository
 from ci.github_call import Caller, GitHubError
 from ci.github_errors import Secret
 from ci.history import gpu_slug
+from ci.pr_plan import safe_name
 from ci.regress import Row
 
 __all__ = ["LABEL", "TITLE_PREFIX", "IssuePlan", "TrackResult", "plan_issue", "track"]
@@ -48,10 +51,15 @@ class IssuePlan:
     body: str  # the issue body while regressions stand
     comment: str  # this run's comment (update or close)
     regressions: int
+    model: str = ""  # the GPU model's slug (ci.history.gpu_slug): the issue's own marker
 
     @property
     def marker(self) -> str:
         return run_marker(self.run_id)
+
+    @property
+    def model_marker(self) -> str:
+        return model_marker(self.model)
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,10 @@ def run_marker(run_id: str) -> str:
     return f"<!-- nsa-regression-run: {run_id} -->"
 
 
+def model_marker(slug: str) -> str:
+    return f"<!-- nsa-regression: {slug} -->"
+
+
 def _fmt_row(r: Row) -> str:
     dense = f"`{r.dense_id.split('/')[2]}`" if r.dense_id else "—"
     return (f"| `{r.id}` | {r.baseline_ms:.4g} | {r.now_ms:.4g} | **{r.ratio:.2f}x** | "
@@ -76,9 +88,10 @@ def plan_issue(gpu_name: str, run_id: str, rows: Sequence[Row], *, margin: float
     """The issue's title, body and this run's comment from ``ci.regress`` rows (pure)."""
     bad = [r for r in rows if r.flag == "regression"]
     run = f"[`{run_id}`]({run_url})" if run_url else f"`{run_id}`"
+    slug, gpu_name = gpu_slug(gpu_name), safe_name(gpu_name)
     title = f"{TITLE_PREFIX}{gpu_name}"
     head = [
-        f"<!-- nsa-regression: {gpu_slug(gpu_name)} -->",
+        model_marker(slug),
         run_marker(run_id),
         f"Nightly run {run} on **{gpu_name}** is slower than its history in {len(bad)} case(s).",
         "",
@@ -96,7 +109,7 @@ def plan_issue(gpu_name: str, run_id: str, rows: Sequence[Row], *, margin: float
                    f"{worst.ratio:.2f}x [{worst.low:.2f}, {worst.high:.2f}].")
     else:
         comment = f"{run_marker(run_id)}\nRun {run}: no case is slower than its history beyond {1 + margin:.2f}x; closing."
-    return IssuePlan(gpu_name, run_id, title, body, comment, len(bad))
+    return IssuePlan(gpu_name, run_id, title, body, comment, len(bad), slug)
 
 
 class _Tracker:
@@ -107,10 +120,12 @@ class _Tracker:
         with self.caller.call("GET", ""):
             return self.gh.get_repo(self.caller.repository)
 
-    def open_issues(self, repo: Repository, title: str) -> list[Issue]:
-        with self.caller.call("GET", f"/issues?state=open&labels={LABEL}"):
-            found = [i for i in repo.get_issues(state="open", labels=[LABEL])
-                     if i.pull_request is None and i.title == title]
+    def open_issues(self, repo: Repository, plan: IssuePlan) -> list[Issue]:
+        """The model's open tracking issues, found by the marker in their body (not by the label,
+        which a person may delete, nor by the title)."""
+        with self.caller.call("GET", "/issues?state=open"):
+            found = [i for i in repo.get_issues(state="open") if i.pull_request is None
+                     and plan.model_marker in {line.strip() for line in (i.body or "").splitlines()}]
         return sorted(found, key=lambda i: i.number)
 
     def comment_once(self, issue: Issue, plan: IssuePlan) -> None:
@@ -157,7 +172,7 @@ class _Tracker:
                 repo.create_issue(plan.title, plan.body, labels=[LABEL])
         except GitHubError as exc:
             error = exc
-        found = self.open_issues(repo, plan.title)
+        found = self.open_issues(repo, plan)
         if not found:
             raise error or GitHubError(f"the issue {plan.title!r} must be listed after it was opened, got "
                                        "none; rerun (reruns never open a second issue)")
@@ -168,7 +183,7 @@ class _Tracker:
     def dedupe(self, keep: Issue, extras: Sequence[Issue], plan: IssuePlan) -> None:
         why = f"{plan.marker}\nDuplicate of #{keep.number}, the one tracking issue for {plan.gpu_name}."
         for extra in extras:
-            self.close(extra, IssuePlan(plan.gpu_name, plan.run_id, plan.title, plan.body, why, 0))
+            self.close(extra, IssuePlan(plan.gpu_name, plan.run_id, plan.title, plan.body, why, 0, plan.model))
 
 def track(gh: Github, plan: IssuePlan, *, api_url: str, repository: str, token: Secret,
           log: Log | None = None) -> TrackResult:
@@ -179,7 +194,7 @@ def track(gh: Github, plan: IssuePlan, *, api_url: str, repository: str, token: 
     """
     t = _Tracker(gh, Caller(api_url, repository, token, FORBIDDEN), log or (lambda s: print(s, file=sys.stderr)))
     repo = t.repository()
-    issues = t.open_issues(repo, plan.title)
+    issues = t.open_issues(repo, plan)
     if not plan.regressions:
         for issue in issues:
             t.close(issue, plan)

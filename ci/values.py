@@ -34,6 +34,12 @@ def ordered(value: Mapping[str, int]) -> dict[str, int]:
     return {c: value[c] for c in keys.CLASSES if c in value}
 
 
+def written(per_class: Mapping[str, int]) -> Value:
+    """One int when every class agrees, else a mapping naming every class (the YAML form)."""
+    found = set(per_class.values())
+    return next(iter(found)) if len(found) == 1 else {c: per_class[c] for c in keys.CLASSES}
+
+
 def text(value: Any) -> str:
     """`2048`, or `{g1: -1, g4: 2048}`: the YAML flow form, also used wherever a value is shown."""
     if isinstance(value, Mapping):

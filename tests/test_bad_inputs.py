@@ -96,11 +96,13 @@ BAD_CONFIGS: dict[str, bytes] = {
 
 
 def _decision(tmp: Path) -> Doc:
-    """A valid decision (made once per test by the real `ci decide`)."""
+    """A valid decision (made once per test by the real `ci decide`, then `ci history`, as `ci pr` needs)."""
     res, cfg, out = tmp / "_r.json", tmp / "_c.yaml", tmp / "_d.json"
     results.dump(_good_results(), res)
     cfg.write_text(VALID_CONFIG, encoding="utf-8")
     assert ci_main(["decide", "--results", str(res), "--config", str(cfg), "--out", str(out)]) == 0
+    assert ci_main(["history", "--results", str(res), "--decision", str(out), "--config", str(cfg),
+                    "--history-dir", str(tmp / "_store"), "--out-dir", str(tmp / "_h"), "--dry-run"]) == 0
     doc = json.loads(out.read_text(encoding="utf-8"))
     for p in (res, cfg, out):
         p.unlink()
@@ -126,6 +128,18 @@ def _fail_a_cell(doc: Doc) -> None:
     doc["cells"][0]["verdict"] = "failed"
 
 
+def _unheld_change(doc: Doc) -> None:
+    """decide's own change (kept under lasting.raw by `ci history`) put back, though it did not last."""
+    b = doc["branches"]["win"]
+    raw = {c: e["lasting"]["raw"] for c, e in b["classes"].items() if e["lasting"]["raw"]}
+    assert raw, "the good decision must hold a change that history held back"
+    for c, r in raw.items():
+        b["classes"][c].update(proposed=r["proposed"], changed=True)
+    per_class = {c: e["proposed"] for c, e in b["classes"].items()}
+    b["proposed"] = per_class if len(set(per_class.values())) > 1 else next(iter(per_class.values()))
+    b["changed"] = b["proposed"] != b["current"]
+
+
 # Bad for both `ci report` and `ci pr`.
 BAD_DECISIONS: dict[str, Callable[[Doc], bytes]] = {
     "truncated": lambda good: json.dumps(good).encode()[:100],
@@ -142,7 +156,9 @@ BAD_FOR_PR: dict[str, Callable[[Doc], bytes]] = {
     "proposed_minus_5": _dec_edit(_propose(-5)),
     "proposed_untested_length": _dec_edit(_propose(3000)),
     "proposed_bool": _dec_edit(_propose(True)),  # type: ignore[arg-type]
-    "changed_lies": _dec_edit(lambda d: d["branches"]["win"].update(changed=False)),
+    "changed_lies": _dec_edit(lambda d: d["branches"]["win"].update(changed=not d["branches"]["win"]["changed"])),
+    "no_history_verdict": _dec_edit(lambda d: d.pop("history")),  # decide's file, never through `ci history`
+    "change_not_held": _dec_edit(_unheld_change),
 }
 
 

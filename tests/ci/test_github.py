@@ -34,6 +34,8 @@ def decision(win: tuple[int, int] = (-1, 4096), cmp: tuple[int, int] = (-1, -1))
             "changed": proposed != current,
             "reason": f"measured {proposed}",
             "lengths": [{"T": t, "verdict": "adopt", "cells": []} for t in TESTED],
+            # As `ci history` leaves it: the change lasted K runs, and this run measured the key.
+            "lasting": lasting(proposed != current),
         }
 
     return {
@@ -44,7 +46,13 @@ def decision(win: tuple[int, int] = (-1, 4096), cmp: tuple[int, int] = (-1, -1))
         "exit_code": 0,
         "cells": [],
         "failures": [],
+        "history": {"k": 3, "model": "nvidia-h100-80gb-hbm3"},
     }
+
+
+def lasting(changed: bool = True, covered: bool = True) -> dict[str, Any]:
+    """An entry's `lasting` as `ci history` writes it."""
+    return {"k": 3, "held": True if changed else None, "raw": None, "covered": covered}
 
 
 @pytest.fixture
@@ -367,7 +375,7 @@ def test_dry_run_proposes_a_triton_key_and_changes_only_its_line(
     monkeypatch.chdir(pristine_config.parents[1])
     doc = decision(win=(-1, -1))
     doc["branches"]["triton_sel"] = {"key": "triton_min_len_sel", "current": -1, "proposed": 8192,
-                                     "changed": True, "reason": "measured 8192",
+                                     "changed": True, "reason": "measured 8192", "lasting": lasting(),
                                          "lengths": [{"T": 8192, "verdict": "adopt", "cells": []}]}
     rc, out, _ = run(doc, "--dry-run")
     assert rc == 0 and "outcome=dry-run" in out and fake.log == []
@@ -387,7 +395,7 @@ def test_dry_run_writes_a_per_class_proposal_as_one_flow_line(
     monkeypatch.chdir(pristine_config.parents[1])
     doc = decision(win=(-1, -1))
     proposed = {"g1": -1, "g2": -1, "g4": 2048, "g8": 1024, "g16": -1}
-    classes = {cls: {"class": cls, "current": -1, "proposed": v, "changed": v != -1,
+    classes = {cls: {"class": cls, "current": -1, "proposed": v, "changed": v != -1, "lasting": lasting(v != -1),
                      "lengths": [{"T": t, "verdict": "adopt", "cells": []} for t in (1024, 2048) if v != -1]}
                for cls, v in proposed.items()}
     doc["branches"]["win"] = {"key": "fa2_min_len_win", "current": -1, "changed": True, "reason": "g4, g8 measured",
@@ -444,3 +452,48 @@ def test_long_report_is_truncated_in_the_pr(run: Runner, fake: FakeGitHub) -> No
     (pr,) = fake.open_pulls()
     assert len(pr.body) <= 65536 and "Report truncated" in pr.body
     assert fake.files_at(BRANCH)["reports/sm90/report.md"].decode() == run.report
+
+
+def unmeasured(doc: dict[str, Any], *names: str) -> dict[str, Any]:
+    """``doc`` as a run that never timed ``names`` (a `fast`-only dispatch): kept values, covered false."""
+    for name in names:
+        b = doc["branches"][name]
+        b.update(proposed=b["current"], changed=False, lasting=lasting(False, covered=False),
+                 reason=f"keeping {b['current']}: suite fa2 did not run")
+    return doc
+
+
+def test_a_run_that_measured_no_key_leaves_the_open_pr_alone(run: Runner, fake: FakeGitHub) -> None:
+    """Issue 34, item 1: a PR opened on K runs of evidence is not closed by a run with none."""
+    assert run(decision())[1].startswith("outcome=created")
+    (pr,) = fake.open_pulls()
+    head, body, title = fake.refs[f"heads/{BRANCH}"], pr.body, pr.title
+    del fake.log[:]
+    rc, out, err = run(unmeasured(decision(), "win", "cmp"))
+    assert rc == 0 and out.strip() == f"outcome=none pr_url={fake.html_url}/pull/{pr.number}"
+    assert f"PR #{pr.number} is left as it is" in err
+    assert fake.writes() == [] and pr.state == "open" and pr.comments == []
+    assert (fake.refs[f"heads/{BRANCH}"], pr.body, pr.title) == (head, body, title)
+    # The next run that measures the key updates the same PR: no second one is opened.
+    assert run(decision())[1].startswith("outcome=updated")
+    assert [p.number for p in fake.pulls.values()] == [pr.number]
+
+
+def test_an_unmeasured_key_keeps_its_change_and_a_measured_one_drops_it(run: Runner, fake: FakeGitHub) -> None:
+    assert run(decision(win=(-1, 4096), cmp=(-1, 2048)))[1].startswith("outcome=created")
+    (pr,) = fake.open_pulls()
+    # A run that measured the window only: the compressed key's change stays on the branch and in the title.
+    rc, out, err = run(unmeasured(decision(win=(-1, 4096), cmp=(-1, -1)), "cmp"))
+    assert rc == 0 and out.startswith("outcome=updated")
+    assert f"kept PR #{pr.number}'s change to fa2_min_len_cmp[g1]" in err
+    assert config_diff(fake, BRANCH) == [
+        ("    fa2_min_len_win: -1\n", "    fa2_min_len_win: 4096\n"),
+        ("    fa2_min_len_cmp: -1\n", "    fa2_min_len_cmp: 2048\n"),
+    ]
+    assert "win -1 -> 4096, cmp -1 -> 2048" in pr.title
+    # A run that measured both, and no longer finds the compressed change: that change goes.
+    assert run(decision(win=(-1, 4096), cmp=(-1, -1)))[1].startswith("outcome=updated")
+    assert config_diff(fake, BRANCH) == [("    fa2_min_len_win: -1\n", "    fa2_min_len_win: 4096\n")]
+    # And a run that measured both and needs neither closes the PR.
+    assert run(decision(win=(-1, -1)))[1].startswith("outcome=closed")
+    assert pr.state == "closed" and [p.number for p in fake.pulls.values()] == [pr.number]

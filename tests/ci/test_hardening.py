@@ -185,6 +185,70 @@ def test_validate_decision_accepts_minus_one_and_tested_lengths() -> None:
         validate_decision(doc)
 
 
+def test_validate_decision_refuses_a_decision_history_never_rewrote() -> None:
+    """Issue 34, item 2: `ci pr` needs `ci history`'s verdict, as it needs cells that did not fail."""
+    doc = _decision()
+    del doc["history"]
+    with pytest.raises(PlanError, match=r"without `history`; run `python -m ci history` on it first"):
+        validate_decision(doc)
+    doc = _decision()
+    del doc["branches"]["cmp"]["lasting"]  # an unchanged entry needs the verdict too (was it measured?)
+    with pytest.raises(PlanError, match=r"branches.cmp.lasting must be the verdict of `ci history`"):
+        validate_decision(doc)
+
+
+@pytest.mark.parametrize("held", [False, None])
+def test_validate_decision_refuses_a_change_that_did_not_last(held: bool | None) -> None:
+    doc = _decision()
+    doc["branches"]["win"]["lasting"]["held"] = held
+    with pytest.raises(PlanError, match=rf"win must change only a value that lasted \(lasting.held true\), got -1 -> "
+                                        rf"4096 with held {held}; run `python -m ci history`"):
+        validate_decision(doc)
+
+
+def test_ci_pr_refuses_the_raw_decision_of_one_run(tmp_path: Path, pristine_config: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """decide's own file proposes `win -1 -> {.. g4: 2048 ..}` from one run: `ci pr` exits 2, sends nothing."""
+    res = results.dump(fx.document(fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048)), tmp_path / "r.json")
+    assert main(["decide", "--results", str(res), "--config", str(pristine_config), "--out",
+                 str(tmp_path / "d.json")]) == 0
+    assert json.loads((tmp_path / "d.json").read_text())["branches"]["win"]["changed"]
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "report.md").write_text("# r\n", encoding="utf-8")
+    capsys.readouterr()
+    with FakeGitHub({"configs/base.yaml": BASE_CONFIG}, token=TOKEN) as fake:
+        import io
+
+        err = io.StringIO()
+        rc = run_pr(["--decision", str(tmp_path / "d.json"), "--report-dir", str(tmp_path / "report"),
+                     "--out-dir", str(tmp_path / "pr")],
+                    env={"GITHUB_API_URL": fake.api_url, "GITHUB_REPOSITORY": "octo/nsa", "GITHUB_TOKEN": TOKEN},
+                    out=io.StringIO(), err=err, connector=lambda target: connect(target, pace=False, timeout=5))
+        assert fake.log == []
+    text = err.getvalue().strip()
+    assert rc == 2 and "\n" not in text and "run `python -m ci history` on it first" in text
+    assert not (tmp_path / "pr").exists()
+
+
+def test_a_failed_history_stage_shows_no_unvetted_change(tmp_path: Path, pristine_config: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("GITHUB_TOKEN", "GH_TOKEN", "GITHUB_OUTPUT", "NSA_HISTORY_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NSA_PR_DRY_RUN", "maybe")  # decide ignores it, history refuses it (exit 2)
+    res = results.dump(fx.document(fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048)), tmp_path / "r.json")
+    out = tmp_path / "out"
+    assert main(["pipeline", "--results", str(res), "--config", str(pristine_config), "--out-dir", str(out)]) == 2
+    text = capsys.readouterr().out
+    assert "outcome: failed at history (exit 2)" in text
+    assert "win -1 -> " not in text and "win -1 (unchanged)" in text and "not vetted by `ci history`" in text
+    # The decision left behind is decide's own: `ci pr` refuses it.
+    monkeypatch.delenv("NSA_PR_DRY_RUN")
+    assert main(["pr", "--decision", str(out / "decision.json"), "--report-dir", str(tmp_path),
+                 "--out-dir", str(out / "pr"), "--dry-run"]) == 2
+    assert "run `python -m ci history` on it first" in capsys.readouterr().err
+
+
 def test_the_plan_schema_is_the_decision_schema() -> None:
     from ci.decide import SCHEMA
 

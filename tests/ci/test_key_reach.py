@@ -93,6 +93,14 @@ def test_decide_report_and_pr_carry_the_key(copy: Path) -> None:
     text = (out / "rep" / "report.md").read_text(encoding="utf-8")
     assert f"## Branch {DECISION_ID} (sliding, `{KEY}`)" in text and f"| {DECISION_ID} | `{KEY}` |" in text
     assert (out / "rep" / f"speedup_{DECISION_ID}.png").is_file()
+    # `ci pr` takes only a decision that `ci history` rewrote; K = 1 lets this one run's change last.
+    one_run = out / "k1.yaml"
+    one_run.write_text((copy / "configs" / "base.yaml").read_text(encoding="utf-8").replace(
+        "history_runs: 3 ", "history_runs: 1 "), encoding="utf-8")
+    proc = _run(copy, "-m", "ci", "history", "--results", "results.json", "--decision", str(out / "decision.json"),
+                "--config", str(one_run), "--history-dir", str(out / "store"), "--out-dir", str(out / "hist"),
+                "--dry-run")
+    assert proc.returncode == 0, proc.stderr
     proc = _run(copy, "-m", "ci", "pr", "--decision", str(out / "decision.json"), "--report-dir", str(out / "rep"),
                 "--config", "configs/base.yaml", "--out-dir", str(out / "pr"), "--dry-run")
     assert proc.returncode == 0, proc.stderr

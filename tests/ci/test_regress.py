@@ -203,3 +203,53 @@ def test_errors_are_one_line_with_the_permission_and_no_token(fake: FakeGitHub) 
         tracked(fake, 3, recs)
     fake.failures.clear()
     assert tracked(fake, 3, recs).outcome == "created" and len(fake.issues) == 1
+
+
+def test_the_issue_is_found_by_its_marker_after_its_label_was_deleted(fake: FakeGitHub) -> None:
+    """Issue 34, item 7: no second issue beside an unlabelled open one, and recovery closes every one."""
+    recs = hx.flagged_history(hx.H100_TRITON, 6, {3: {SLOW: 1.2}, 4: {SLOW: 1.2}}, keep=LONG)
+    assert tracked(fake, 3, recs).outcome == "created"
+    (issue,) = fake.open_issues()
+    del fake.labels[LABEL]  # a person deleted the label: GitHub takes it off every issue
+    issue.labels.clear()
+    assert tracked(fake, 4, recs).outcome == "updated"
+    assert fake.open_issues() == [issue] and recs[4].id in issue.body
+    # A second open issue of this model (left by the old label lookup) is closed as a duplicate on recovery too.
+    fake.labels[LABEL] = {"color": "d93f0b", "description": ""}  # that run made the label again
+    dup = dataclasses.replace(issue, number=issue.number + 1, labels=[LABEL], comments=[])
+    fake.issues[dup.number] = dup
+    assert tracked(fake, 5, recs).outcome == "closed"
+    assert fake.open_issues() == [] and all(i.state == "closed" for i in fake.issues.values())
+    # Another model's issue (its own marker) is never touched.
+    other = plan_issue("NVIDIA H200", recs[3].id, [], margin=0.1, k=3)
+    assert other.model_marker != plan_issue(GPU, recs[3].id, [], margin=0.1, k=3).model_marker
+
+
+def test_a_locked_issue_is_named_as_the_cause(fake: FakeGitHub) -> None:
+    recs = hx.flagged_history(hx.H100_TRITON, 5, {3: {SLOW: 1.2}, 4: {SLOW: 1.2}}, keep=LONG)
+    assert tracked(fake, 3, recs).outcome == "created"
+    fake.fail("POST", r"/issues/\d+/comments$", 403, message="Unable to create comment because issue is locked.")
+    with pytest.raises(GitHubError) as err:
+        tracked(fake, 4, recs)
+    text = str(err.value)
+    assert "\n" not in text and "issues: write" not in text and TOKEN not in text
+    assert "(Unable to create comment because issue is locked.): the conversation is locked" in text
+    assert "unlock it" in text
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100\n# Title **bold** [link](http://x) <b>`x`</b>",
+                                  "NVIDIA\u2028H100\r\x00 |a|"])
+def test_a_gpu_name_with_a_newline_or_markdown_is_made_inert(name: str) -> None:
+    plan = plan_issue(name, "run-1", [], margin=0.1, k=3)
+    for text in (plan.title, plan.gpu_name):
+        assert not any(ch in text for ch in "\n\r\x00\u2028") and "  " not in text
+        assert all(f"\\{ch}" in text for ch in "#*[]<>`|" if ch in name)
+    assert plan.title.startswith(TITLE_PREFIX + "NVIDIA")
+    assert f"**{plan.gpu_name}**" in plan.body and name not in plan.body
+    assert plan.model_marker == f"<!-- nsa-regression: {history.gpu_slug(name)} -->"
+    from ci.pr_plan import build_plan
+    from tests.ci.test_github import decision
+
+    pr = build_plan({**decision(), "gpu_name": name}, "", ())
+    assert pr.title.startswith(f"NSA thresholds for {plan.gpu_name} (sm90): ")
+    assert "\n" not in pr.title and pr.commit_message.splitlines()[0] == pr.title
