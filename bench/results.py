@@ -27,6 +27,10 @@ TIMING_FIELDS = ("samples_ms", "median_ms", "p20_ms", "p80_ms")
 # Optional in `timing`: host_ms, the median host enqueue time of one timed call (files before it lack it).
 PARITY_FIELDS = ("max_abs_err", "rel_err", "tol", "passed")
 SM = re.compile(r"sm[0-9]+[a-z]?|cpu")  # the profile a results file is decided for
+# The most timing samples one case may hold. `ci decide` bootstraps every cell with 2000 resamples of
+# all its samples (each array 2000 x samples x 8 bytes): 2,000,000 samples asked for 29.8 GiB, 10,000
+# stay at 160 MB an array; the bench takes at most 1000 (the shortest kernels).
+MAX_SAMPLES_PER_CASE = 10_000
 
 # Order and short names of the params that make up a case id; anything else is appended sorted.
 _ID_KEYS = (("B", "B"), ("T", "T"), ("Hq", "Hq"), ("Hkv", "Hkv"), ("Dk", "D"), ("Dv", "Dv"),
@@ -112,6 +116,9 @@ def _check_timing(timing: Mapping[str, Any], where: str, errors: list[str]) -> N
     samples = timing.get("samples_ms")
     if not isinstance(samples, list) or not samples:
         errors.append(f"{where}.timing.samples_ms must be a non-empty list of times in ms, got {samples!r}")
+    elif len(samples) > MAX_SAMPLES_PER_CASE:
+        errors.append(f"{where}.timing.samples_ms must hold at most {MAX_SAMPLES_PER_CASE} samples, got "
+                      f"{len(samples)}: the bootstrap resamples all of them 2000 times; time fewer repeats")
     elif not all(_is_number(x) and math.isfinite(x) and x >= 0 for x in samples):
         # Zero is allowed: a timer's resolution can round a tiny call down to it (ci then judges
         # such a cell failed instead of dividing by it).
