@@ -93,3 +93,13 @@ def test_a_huge_case_exits_2_in_decide_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "at most 10000 samples, got 2000000" in err, err
     assert not (tmp_path / "d.json").exists()
+
+
+@pytest.mark.parametrize("created_at", ["yesterday", "2026-13-01T00:00:00Z", "2026-01-01T00:00:00+02:00", 5, None])
+def test_created_at_is_a_utc_time(created_at):
+    doc = _doc([_case()])
+    doc["run"]["created_at"] = created_at
+    with pytest.raises(results.ResultsError, match="run.created_at must be a UTC ISO-8601 time"):
+        results.check(doc)
+    doc["run"]["created_at"] = "2026-01-01T00:00:00.25+00:00"
+    assert results.check(doc)
