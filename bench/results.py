@@ -13,6 +13,7 @@ import os
 import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,11 @@ TIMING_FIELDS = ("samples_ms", "median_ms", "p20_ms", "p80_ms")
 # Optional in `timing`: host_ms, the median host enqueue time of one timed call (files before it lack it).
 PARITY_FIELDS = ("max_abs_err", "rel_err", "tol", "passed")
 SM = re.compile(r"sm[0-9]+[a-z]?|cpu")  # the profile a results file is decided for
+UTC_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?(Z|\+00:00)")  # run.created_at
+# The most timing samples one case may hold. `ci decide` bootstraps every cell with 2000 resamples of
+# all its samples (each array 2000 x samples x 8 bytes): 2,000,000 samples asked for 29.8 GiB, 10,000
+# stay at 160 MB an array; the bench takes at most 1000 (the shortest kernels).
+MAX_SAMPLES_PER_CASE = 10_000
 
 # Order and short names of the params that make up a case id; anything else is appended sorted.
 _ID_KEYS = (("B", "B"), ("T", "T"), ("Hq", "Hq"), ("Hkv", "Hkv"), ("Dk", "D"), ("Dv", "Dv"),
@@ -108,10 +114,28 @@ def _check_machine(machine: Any, errors: list[str]) -> None:
         errors.append(f"machine.gpu_name must be a non-empty string, got {gpu!r}")
 
 
+def _check_created_at(run: Any, errors: list[str]) -> None:
+    """`run.created_at` is a UTC ISO-8601 time (`2026-01-31T03:00:00Z`): history orders runs by it."""
+    if not isinstance(run, Mapping) or "created_at" not in run:
+        return
+    value = run["created_at"]
+    try:
+        ok = isinstance(value, str) and bool(UTC_TIME.fullmatch(value)) and bool(datetime.fromisoformat(
+            value.replace("Z", "+00:00")))
+    except ValueError:
+        ok = False
+    if not ok:
+        text = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        errors.append(f"run.created_at must be a UTC ISO-8601 time such as 2026-01-31T03:00:00Z, got {text}")
+
+
 def _check_timing(timing: Mapping[str, Any], where: str, errors: list[str]) -> None:
     samples = timing.get("samples_ms")
     if not isinstance(samples, list) or not samples:
         errors.append(f"{where}.timing.samples_ms must be a non-empty list of times in ms, got {samples!r}")
+    elif len(samples) > MAX_SAMPLES_PER_CASE:
+        errors.append(f"{where}.timing.samples_ms must hold at most {MAX_SAMPLES_PER_CASE} samples, got "
+                      f"{len(samples)}: the bootstrap resamples all of them 2000 times; time fewer repeats")
     elif not all(_is_number(x) and math.isfinite(x) and x >= 0 for x in samples):
         # Zero is allowed: a timer's resolution can round a tiny call down to it (ci then judges
         # such a cell failed instead of dividing by it).
@@ -162,6 +186,7 @@ def validate(doc: Any) -> list[str]:
     if doc.get("schema_version") != SCHEMA_VERSION:
         errors.append(f"schema_version must be {SCHEMA_VERSION}, got {doc.get('schema_version')!r}")
     _require(doc.get("run"), RUN_FIELDS, "run", errors)
+    _check_created_at(doc.get("run"), errors)
     _require(doc.get("machine"), MACHINE_FIELDS, "machine", errors)
     _check_machine(doc.get("machine"), errors)
     cases = doc.get("cases")

@@ -6,6 +6,9 @@ Runs after `ci decide` and before `ci report` / `ci pr`, on the same results fil
    `--history-dir DIR`, else the folder in NSA_HISTORY_DIR (a local replay of the workflow,
    `make gpu-bench`, sets it), else the `nsa-history` branch when GITHUB_TOKEN (or GH_TOKEN) and
    GITHUB_REPOSITORY are set and this is no dry run, else none (a first run: nothing to compare);
+   a bad record (not UTF-8, not a valid record, another model's run, a copy of a run, dated in the
+   future) is skipped with one warning line and never blocks the run; this model's bad records
+   move to quarantine/<slug>/ when this run is saved (`ci.history`, "sort_out");
 2. turns back every proposed change that the last K runs (`decide.history_runs`) of this model and
    the latest runs of the profile's other models did not all measure (`ci.lasting`), in the
    decision's `decisions` and its `branches[...]` alike, and adds `history` (K, runs used, evidence
@@ -340,6 +343,11 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
     margin, confidence = float(cfg.decide["regression_margin"]), float(cfg.decide["confidence"])
     floor = float(cfg.decide["time_floor_ms"])
     merged = merge_results(args.results)
+    try:
+        history.check_created_at(merged["run"]["created_at"], f"--results {args.results[0]}")
+    except HistoryError as exc:
+        raise HistoryInputError(f"{exc}; set the GPU machine's clock (NTP) and rerun the bench: a run dated "
+                                "later would stay the newest in history and push real runs out") from None
     doc = load_decision(args.decision, merged)
     raw = raw_entries(doc)
     record = history.build_record(merged, record_entries(raw))

@@ -10,12 +10,19 @@ never a force push. When another decide job moved the branch in between (422 "no
 409, or 422 "reference already exists" on the first write), it reads the branch again and rebuilds
 on the new head, so both runs survive. A record's path is its run id, so a rerun after any failure
 writes the same file again (or finds it identical and writes nothing): nothing is lost or doubled.
+A 422 from a branch protection rule or ruleset is no race: it is named, with the setting to change.
+
+Both stores read a model's folder through ``ci.history.sort_out``: a bad record (not UTF-8, not a
+file, not a valid record, another model's run, a copy of a run) is skipped with one warning line
+and, in the same commit as that model's next saved run, moved to ``quarantine/<slug>/``.
 """
 
 from __future__ import annotations
 
 import base64
 import os
+import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -30,13 +37,25 @@ from github.Repository import Repository
 
 from ci.github_call import Caller, GitHubError, branch_ref
 from ci.github_errors import Secret
-from ci.history import BRANCH, DEFAULT_KEEP, ROOT, HistoryError, HistoryRun, chronological, loads, plan_save
+from ci.history import (
+    BRANCH,
+    DEFAULT_KEEP,
+    ROOT,
+    HistoryError,
+    HistoryRun,
+    chronological,
+    plan_save,
+    sort_out,
+    warning,
+)
 
 __all__ = ["GitHubHistoryStore", "LocalHistoryStore", "SaveResult"]
 
 Log = Callable[[str], None]
 FORBIDDEN = (f"the token lacks contents: write, or a ruleset protects {BRANCH}; give the decide job "
              f"`permissions: contents: write` (or a GitHub App token) and allow it to push to {BRANCH}")
+# GitHub's words for a ref update that a branch protection rule or a ruleset refused (422): no rerun passes.
+PROTECTED = re.compile(r"protected (branch|ref)|rule violation|ruleset", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -45,6 +64,7 @@ class SaveResult:
     path: str
     pruned: list[str] = field(default_factory=list)
     commit: str | None = None  # the branch commit that holds it (GitHub store), None when nothing moved
+    quarantined: list[str] = field(default_factory=list)  # bad records moved to quarantine/<slug>/
 
 
 def _stderr(line: str) -> None:
@@ -69,19 +89,33 @@ class LocalHistoryStore:
     def __init__(self, root: str | os.PathLike[str], log: Log | None = None) -> None:
         self.root = Path(root)
         self.log = log or _stderr
+        self._warned: set[str] = set()
+
+    def _warn(self, slug: str, bad: dict[str, str]) -> None:
+        for path, why in bad.items():
+            if path not in self._warned:
+                self._warned.add(path)
+                self.log(warning(slug, why))
 
     def models(self) -> list[str]:
         base = self.root / ROOT
         return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
 
-    def _read(self, slug: str) -> tuple[dict[str, HistoryRun], dict[str, str]]:
-        runs, texts = {}, {}
+    def _read(self, slug: str) -> tuple[dict[str, HistoryRun], dict[str, str], dict[str, str]]:
+        """(good runs, their texts, {bad path: why}) of the model's folder; paths relative to the root."""
+        texts, unreadable = {}, {}
         folder = self.root / ROOT / slug
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
             rel = path.relative_to(self.root).as_posix()
-            texts[rel] = path.read_text(encoding="utf-8")
-            runs[rel] = loads(texts[rel], str(path))
-        return runs, texts
+            try:
+                texts[rel] = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as exc:
+                unreadable[rel] = f"{rel} must be UTF-8 JSON, got a byte that is not UTF-8 at offset {exc.start}"
+            except OSError as exc:
+                unreadable[rel] = f"{rel} must be a readable file, got {exc.strerror or type(exc).__name__}"
+        runs, bad = sort_out(slug, texts, unreadable)
+        self._warn(slug, bad)
+        return runs, {p: texts[p] for p in runs}, bad
 
     def load(self, slug: str) -> list[HistoryRun]:
         """The model's runs, oldest first."""
@@ -93,14 +127,25 @@ class LocalHistoryStore:
         return {s: runs for s, runs in out.items() if runs}
 
     def save(self, record: HistoryRun, keep: int = DEFAULT_KEEP) -> SaveResult:
-        runs, texts = self._read(record.gpu)
-        plan = plan_save(runs, texts, record, keep)
+        runs, texts, bad = self._read(record.gpu)
+        plan = plan_save(runs, texts, record, keep, bad)
         if plan.outcome in ("added", "replaced"):
+            if (self.root / plan.path).is_dir():  # a bad record that is a folder, at this run's own path
+                shutil.rmtree(self.root / plan.path)
             _atomic_write(self.root / plan.path, plan.text)
         for path in plan.delete:
             (self.root / path).unlink(missing_ok=True)
-        self.log(f"history: {plan.outcome} {plan.path}" + (f", pruned {len(plan.delete)}" if plan.delete else ""))
-        return SaveResult(plan.outcome, plan.path, plan.delete)
+        for src, dst in plan.quarantine.items():
+            target = self.root / dst
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+            os.replace(self.root / src, target)
+        self.log(f"history: {plan.outcome} {plan.path}" + (f", pruned {len(plan.delete)}" if plan.delete else "")
+                 + (f", quarantined {len(plan.quarantine)}" if plan.quarantine else ""))
+        return SaveResult(plan.outcome, plan.path, plan.delete, quarantined=list(plan.quarantine))
 
 
 class GitHubHistoryStore:
@@ -115,6 +160,9 @@ class GitHubHistoryStore:
         self.repository = repository
         self.log = log or _stderr
         self._repo: Repository | None = None
+        self._warned: set[str] = set()
+
+    _warn = LocalHistoryStore._warn
 
     def _repository(self) -> Repository:
         if self._repo is None:
@@ -142,21 +190,28 @@ class GitHubHistoryStore:
             blobs = {e.path: e.sha for e in tree.tree if e.type == "blob"}
         return ref, head, tree, blobs
 
-    def _blob_text(self, sha: str) -> str:
+    def _blob_text(self, sha: str, path: str) -> str:
         with self.caller.call("GET", f"/git/blobs/{sha}"):
             blob = self._repository().get_git_blob(sha)
             content, encoding = blob.content, blob.encoding
         try:
             return base64.b64decode(content).decode("utf-8") if encoding == "base64" else str(content)
         except ValueError as exc:
-            raise HistoryError(f"history blob {sha} must be UTF-8 JSON, got {exc}; delete it from "
-                               f"{self.branch}") from None
+            raise HistoryError(f"{self.branch}:{path} must be UTF-8 JSON, got {exc}") from None
 
-    def _read(self, blobs: dict[str, str], slug: str) -> tuple[dict[str, HistoryRun], dict[str, str]]:
+    def _read(self, blobs: dict[str, str], slug: str) -> tuple[dict[str, HistoryRun], dict[str, str], dict[str, str]]:
+        """(good runs, their texts, {bad path: why}) of the model's folder on the branch."""
         prefix = f"{ROOT}/{slug}/"
-        texts = {p: self._blob_text(s) for p, s in sorted(blobs.items()) if p.startswith(prefix) and
-                 p.endswith(".json") and "/" not in p[len(prefix):]}
-        return {p: loads(t, f"{self.branch}:{p}") for p, t in texts.items()}, texts
+        texts, unreadable = {}, {}
+        for p, sha in sorted(blobs.items()):
+            if p.startswith(prefix) and p.endswith(".json") and "/" not in p[len(prefix):]:
+                try:
+                    texts[p] = self._blob_text(sha, p)
+                except HistoryError as exc:
+                    unreadable[p] = str(exc)
+        runs, bad = sort_out(slug, texts, unreadable)
+        self._warn(slug, {p: why if why.startswith(self.branch) else f"{self.branch}:{why}" for p, why in bad.items()})
+        return runs, {p: texts[p] for p in runs}, bad
 
     def models(self) -> list[str]:
         blobs = self._snapshot()[3]
@@ -177,12 +232,13 @@ class GitHubHistoryStore:
         repo = self._repository()
         for attempt in range(1, self.attempts + 1):
             ref, head, tree, blobs = self._snapshot()
-            runs, texts = self._read(blobs, record.gpu)
-            plan = plan_save(runs, texts, record, keep)
-            if plan.outcome in ("unchanged", "too-old") and not plan.delete:
+            runs, texts, bad = self._read(blobs, record.gpu)
+            plan = plan_save(runs, texts, record, keep, bad)
+            if plan.outcome in ("unchanged", "too-old") and not plan.delete and not plan.quarantine:
                 self.log(f"history: {plan.outcome} {self.branch}:{plan.path}")
                 return SaveResult(plan.outcome, plan.path)
-            elements = [InputGitTreeElement(p, "100644", "blob", sha=None) for p in plan.delete]
+            elements = [InputGitTreeElement(p, "100644", "blob", sha=None) for p in [*plan.delete, *plan.quarantine]]
+            elements += [InputGitTreeElement(dst, "100644", "blob", sha=blobs[src]) for src, dst in plan.quarantine.items()]
             with self.caller.call("POST", "/git/blobs"):
                 if plan.outcome in ("added", "replaced"):
                     blob = repo.create_git_blob(plan.text, "utf-8")
@@ -190,7 +246,8 @@ class GitHubHistoryStore:
             with self.caller.call("POST", "/git/trees"):
                 new_tree = repo.create_git_tree(elements, tree) if tree else repo.create_git_tree(elements)
             message = (f"history: {plan.outcome} {record.gpu} run {record.id}"
-                       + (f", pruned {len(plan.delete)} older" if plan.delete else ""))
+                       + (f", pruned {len(plan.delete)} older" if plan.delete else "")
+                       + (f", quarantined {len(plan.quarantine)} bad" if plan.quarantine else ""))
             with self.caller.call("POST", "/git/commits"):
                 commit = repo.create_git_commit(message, new_tree, [head] if head else [])
             try:
@@ -205,11 +262,19 @@ class GitHubHistoryStore:
                 # branch after we read it (or a retried POST of ours landed). Read it again.
                 if exc.status not in (409, 422):
                     raise
+                if exc.status == 422 and PROTECTED.search(str(exc)):
+                    raise GitHubError(
+                        f"{self.branch} must accept the decide job's fast-forward push, got 422 from a branch "
+                        f"protection rule or ruleset ({str(exc).split(' (', 1)[-1].split('):', 1)[0]}): not a race, "
+                        f"so every rerun fails alike; in the repository's Settings > Branches (or Settings > Rules "
+                        f"> Rulesets) take {self.branch} out of the protected branches, or add the decide job's "
+                        "token (github-actions or the GitHub App) to the bypass list", 422) from None
                 self.log(f"history: {self.branch} moved during attempt {attempt} ({exc.status}); reading it again")
                 continue
             self.log(f"history: {plan.outcome} {self.branch}:{plan.path} at {commit.sha[:12]}"
-                     + (f", pruned {len(plan.delete)}" if plan.delete else ""))
-            return SaveResult(plan.outcome, plan.path, plan.delete, commit.sha)
+                     + (f", pruned {len(plan.delete)}" if plan.delete else "")
+                     + (f", quarantined {len(plan.quarantine)}" if plan.quarantine else ""))
+            return SaveResult(plan.outcome, plan.path, plan.delete, commit.sha, list(plan.quarantine))
         raise GitHubError(f"{self.branch} must stay still long enough to fast-forward, got {self.attempts} "
                           "concurrent updates in a row; rerun the decide job (reruns are safe)")
 

@@ -48,9 +48,11 @@ def _entry(run: RunDecisions, key: str, cls: str) -> Entry | None:
 
 
 def _with_entry(runs: Sequence[RunDecisions], key: str, cls: str, skip: str) -> list[tuple[RunDecisions, Entry]]:
-    """Runs (oldest first) that decided (key, cls), leaving out run id ``skip``."""
+    """Runs (oldest first) that decided (key, cls), leaving out run id ``skip``; one per run id."""
     ordered = sorted(runs, key=lambda r: (r.created_at, r.run_id))
-    return [(r, e) for r in ordered if r.run_id != skip and (e := _entry(r, key, cls)) is not None]
+    once = {r.run_id: r for r in reversed(ordered)}  # a run listed twice (a copy) counts once: its first
+    return [(r, e) for r in ordered if r.run_id != skip and once[r.run_id] is r
+            and (e := _entry(r, key, cls)) is not None]
 
 
 def _disagreement(model: str, runs: Sequence[tuple[RunDecisions, Entry]], target: int) -> str:

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from ci import stats
-from ci.history import HistoryRun, latest
+from ci.history import HistoryCase, HistoryRun, latest
 from nsa import settings
 
 DEFAULT_MARGIN = 0.1
@@ -110,6 +110,12 @@ def ratio_of_ratios(now: Sequence[float], now_dense: Sequence[float], base: Sequ
     return stats.Speedup(float(point), float(low), float(high))
 
 
+def _timed(case: HistoryCase | None) -> bool:
+    """Whether a case has times to divide by: a timer can round a tiny call down to 0 ms (the results
+    schema allows it, and ``ci decide`` judges such a cell failed); such a case is compared with nothing."""
+    return case is not None and case.median_ms > 0 and min(case.samples_ms) > 0
+
+
 def _pooled(runs: Sequence[HistoryRun], case_id: str) -> list[float]:
     return [s for r in runs for s in r.case(case_id).samples_ms]  # type: ignore[union-attr]
 
@@ -134,7 +140,7 @@ def _row(current: HistoryRun, runs: list[HistoryRun], case_id: str, margin: floa
     assert now is not None  # callers pass ids of this run's cases
     dense_id = current.dense.get(case_id)
     dense_now = current.case(dense_id) if dense_id else None
-    if dense_now is None or any(r.case(dense_id) is None for r in runs):  # type: ignore[arg-type]
+    if not _timed(dense_now) or not all(_timed(r.case(dense_id)) for r in runs):  # type: ignore[arg-type]
         dense_id = None
     base = _pooled(runs, case_id)
     thin = min(len(now.samples_ms), len(base)) < stats.MIN_SAMPLES
@@ -183,7 +189,9 @@ def regressions(current: HistoryRun, past: Sequence[HistoryRun], *, k: int = DEF
                          "pass store.load(record.gpu)")
     rows = []
     for case in current.cases:
-        usable = [r for r in past if r.case(case.id) is not None
+        if not _timed(case):
+            continue
+        usable = [r for r in past if _timed(r.case(case.id))
                   and (case.id in accepted or case.id not in r.regressions)]
         runs = latest(usable, k, exclude=current.id)
         if runs:

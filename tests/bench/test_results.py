@@ -73,3 +73,33 @@ def test_host_ms_is_an_optional_non_negative_finite_number(value, ok):
     assert (not errors) if ok else any("timing.host_ms must be a finite number >= 0 (ms) or absent" in e
                                        for e in errors), errors
     assert not results.validate(_doc([_case()]))     # absent (files written before it) is valid
+
+
+def test_samples_per_case_are_bounded(tmp_path):
+    """2,000,000 samples made the bootstrap of `ci decide` allocate 29.8 GiB; validation stops them."""
+    at_bound = _case(timing=results.timing_summary([1.0] * results.MAX_SAMPLES_PER_CASE))
+    assert results.check(_doc([at_bound]))
+    over = _case(timing=results.timing_summary([1.0] * (results.MAX_SAMPLES_PER_CASE + 1)))
+    with pytest.raises(results.ResultsError, match=f"at most {results.MAX_SAMPLES_PER_CASE} samples, got 10001"):
+        results.check(_doc([over]))
+
+
+def test_a_huge_case_exits_2_in_decide_with_one_line(tmp_path, capsys):
+    from ci.__main__ import main
+
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_doc([_case(timing=results.timing_summary([1.0] * 2_000_000))])), encoding="utf-8")
+    assert main(["decide", "--results", str(path), "--out", str(tmp_path / "d.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "at most 10000 samples, got 2000000" in err, err
+    assert not (tmp_path / "d.json").exists()
+
+
+@pytest.mark.parametrize("created_at", ["yesterday", "2026-13-01T00:00:00Z", "2026-01-01T00:00:00+02:00", 5, None])
+def test_created_at_is_a_utc_time(created_at):
+    doc = _doc([_case()])
+    doc["run"]["created_at"] = created_at
+    with pytest.raises(results.ResultsError, match="run.created_at must be a UTC ISO-8601 time"):
+        results.check(doc)
+    doc["run"]["created_at"] = "2026-01-01T00:00:00.25+00:00"
+    assert results.check(doc)

@@ -231,3 +231,193 @@ def test_forbidden_names_the_permission_and_hides_the_token(fake: FakeGitHub) ->
         store.save(hx.records(hx.H100_TRITON, 1)[0])
     assert TOKEN not in str(err.value)
     assert f"heads/{history.BRANCH}" not in fake.refs
+
+
+# -- bad records: validated per model, quarantined with one warning, runs identified by content ------
+@pytest.fixture(params=["dir", "branch"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+class Planted:
+    """One store of either kind, with a way to put a file into it as a person's push would."""
+
+    def __init__(self, kind: str, tmp: Path, fake: FakeGitHub) -> None:
+        self.kind, self.tmp, self.fake, self.log = kind, tmp, fake, []  # type: list[str]
+        self.store = self.open()
+
+    def open(self) -> LocalHistoryStore | GitHubHistoryStore:
+        if self.kind == "dir":
+            return LocalHistoryStore(self.tmp, log=self.log.append)
+        return branch_store(self.fake, self.log)
+
+    def plant(self, path: str, content: bytes | None) -> None:
+        """``content`` None: a directory by that name (the folder store only)."""
+        if self.kind == "dir":
+            target = self.tmp / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.mkdir() if content is None else target.write_bytes(content)
+            return
+        assert content is not None
+        files = self.fake.files_at(history.BRANCH) if f"heads/{history.BRANCH}" in self.fake.refs else {}
+        self.fake.commit_files(history.BRANCH, {**files, path: content}, "a hand edit",
+                               parents=None if files else [])
+
+    def files(self) -> list[str]:
+        if self.kind == "dir":
+            return sorted(p.relative_to(self.tmp).as_posix() for p in self.tmp.rglob("*.json"))
+        return sorted(self.fake.files_at(history.BRANCH))
+
+    def warnings(self, path: str) -> list[str]:
+        return [line for line in self.log if path in line]
+
+
+def _doc(rec: history.HistoryRun) -> dict:
+    return json.loads(history.dumps(rec))
+
+
+def _text(doc: dict) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def _spoil(name: str, good: history.HistoryRun, other: history.HistoryRun) -> tuple[str, bytes | None, str]:
+    """(file name, content, words the warning must hold) of one bad record; ``good`` is a run already in
+    the store, ``other`` a run of another night that is not."""
+    doc, fname = _doc(other), f"{other.id}.json"
+    if name == "not UTF-8":
+        return fname, b"\xff\xfe" + history.dumps(other).encode(), "UTF-8"
+    if name == "not JSON":
+        return fname, history.dumps(other).encode()[:200], "must be JSON"
+    if name == "a directory":
+        return fname, None, "readable file"
+    if name == "NaN":
+        doc["cases"][0]["samples_ms"][0] = float("nan")
+        return fname, _text(doc), "NaN"
+    if name == "a negative median":
+        doc["cases"][0]["median_ms"] = -1.0
+        return fname, _text(doc), "median_ms"
+    if name == "another schema":
+        doc["schema"] = "nsa-history/0"
+        return fname, _text(doc), "schema"
+    if name == "a missing field":
+        del doc["cases"][0]["median_ms"]
+        return fname, _text(doc), "median_ms"
+    if name == "a list, not an object":
+        return fname, b"[]", "schema"
+    if name == "samples as a string":
+        doc["cases"][0]["samples_ms"] = "1,2,3"
+        return fname, _text(doc), "samples_ms"
+    if name == "too many samples":
+        doc["cases"][0]["samples_ms"] = [1.0] * (history.MAX_SAMPLES + 1)
+        return fname, _text(doc), "samples_ms"
+    if name == "decisions not a list":
+        doc["decisions"] = {"key": "x"}
+        return fname, _text(doc), "decisions"
+    if name == "created_at yesterday":
+        doc["run"]["created_at"] = "yesterday"
+        return fname, _text(doc), "created_at"
+    if name == "dated 2999":
+        doc["run"]["created_at"] = "2999-01-01T00:00:00Z"
+        return fname, _text(doc), "future"
+    if name == "another model's run":
+        doc["gpu"] = "nvidia-h200"
+        return fname, _text(doc), "nvidia-h200"
+    if name == "a renamed copy":
+        return "copy.json", history.dumps(good).encode(), "copy"
+    if name == "a copy under a new run id":
+        doc = _doc(good)
+        doc["run"]["id"] = "20991231T000000Z-copy"
+        return "20991231T000000Z-copy.json", _text(doc), "copy"
+    raise AssertionError(name)
+
+
+BAD_RECORDS = ["not UTF-8", "not JSON", "a directory", "NaN", "a negative median", "another schema",
+               "a missing field", "a list, not an object", "samples as a string", "too many samples",
+               "decisions not a list", "created_at yesterday", "dated 2999", "another model's run",
+               "a renamed copy", "a copy under a new run id"]
+
+
+@pytest.mark.parametrize("name", BAD_RECORDS)
+def test_a_bad_record_is_skipped_with_one_warning_and_quarantined_at_the_next_save(
+        tmp_path: Path, fake: FakeGitHub, kind: str, name: str) -> None:
+    if kind == "branch" and name == "a directory":
+        pytest.skip("a git tree holds no directory named like a record")
+    p = Planted(kind, tmp_path, fake)
+    recs = hx.records(hx.H100_TRITON, 4, keep=("-T8192-",))
+    for r in recs[:2]:
+        p.store.save(r)
+    fname, content, words = _spoil(name, recs[0], recs[3])
+    path = f"history/{H100}/{fname}"
+    p.plant(path, content)
+    p.log.clear()
+    assert [r.id for r in p.store.load(H100)] == [r.id for r in recs[:2]]  # counted once, never twice
+    assert [r.id for r in p.store.load_profile("sm90")[H100]] == [r.id for r in recs[:2]]
+    (line,) = p.warnings(path)  # one line, once per store
+    assert line.startswith("warning: ") and "\n" not in line and words in line, line
+    assert f"quarantine/{H100}/" in line
+    saved = p.store.save(recs[2])
+    assert saved.outcome == "added" and saved.quarantined == [path]
+    assert len(p.warnings(path)) == 1
+    assert path not in p.files() and f"quarantine/{H100}/{fname}" in p.files()
+    assert not (tmp_path / path).exists()
+    fresh = p.open()
+    assert [r.id for r in fresh.load(H100)] == [r.id for r in recs[:3]]
+    assert p.warnings(path) == [line]  # healed: the next reader sees nothing to warn about
+
+
+def test_a_bad_record_of_another_model_blocks_nothing_and_waits_for_its_own_model(
+        tmp_path: Path, fake: FakeGitHub, kind: str) -> None:
+    p = Planted(kind, tmp_path, fake)
+    h100 = hx.records(hx.H100_TRITON, 2, keep=("-T8192-",))
+    h200 = hx.records(hx.H200_FA2, 1, keep=("-T8192-",))[0]
+    p.store.save(h100[0])
+    bad = "history/nvidia-h200/20261130T000000Z-x.json"
+    p.plant(bad, b"{")
+    assert list(p.store.load_profile("sm90")) == [H100]
+    assert p.store.save(h100[1]).quarantined == []  # another model's folder: its own job heals it
+    assert bad in p.files()
+    assert p.store.save(h200).quarantined == [bad]
+    assert bad not in p.files() and sorted(p.store.load_profile("sm90")) == [H100, "nvidia-h200"]
+
+
+def test_a_record_dated_in_the_future_is_not_the_newest_and_prunes_no_real_run(
+        tmp_path: Path, fake: FakeGitHub, kind: str) -> None:
+    p = Planted(kind, tmp_path, fake)
+    recs = hx.records(hx.H100_TRITON, 4, keep=("-T8192-",))
+    for r in recs[:2]:
+        p.store.save(r, keep=2)
+    doc = _doc(recs[3])
+    doc["run"]["created_at"] = "2999-01-01T00:00:00Z"
+    p.plant(history.record_path(H100, recs[3].id), _text(doc))
+    saved = p.store.save(recs[2], keep=2)
+    assert saved.pruned == [history.record_path(H100, recs[0].id)]
+    assert [r.id for r in p.store.load(H100)] == [recs[1].id, recs[2].id]
+
+
+def test_dates_are_checked_as_utc_times_and_against_the_clock() -> None:
+    from datetime import datetime, timezone
+
+    now = datetime(2026, 11, 27, 12, 0, tzinfo=timezone.utc)
+    assert history.check_created_at("2026-11-27T12:59:00Z", "r", now=now) == "2026-11-27T12:59:00Z"
+    for bad, words in [("yesterday", "UTC ISO-8601"), ("2026-13-01T00:00:00Z", "UTC ISO-8601"),
+                       ("2026-11-27T12:00:00+02:00", "UTC ISO-8601"), (20261127, "UTC ISO-8601"),
+                       ("2026-11-27T13:01:00Z", "future"), ("2999-01-01T00:00:00Z", "future")]:
+        with pytest.raises(history.HistoryError, match=words):
+            history.check_created_at(bad, "r", now=now)
+
+
+@pytest.mark.parametrize("message", ["Protected branch update failed for refs/heads/nsa-history.",
+                                     "Repository rule violations found Cannot update this protected ref."])
+def test_a_protected_history_branch_is_named_not_retried_as_a_race(fake: FakeGitHub, message: str) -> None:
+    log: list[str] = []
+    store = branch_store(fake, log)
+    first, second = hx.records(hx.H100_TRITON, 2, keep=("-T8192-",))
+    store.save(first)
+    fake.fail("PATCH", r"/git/refs/heads/nsa-history$", 422, message=message, times=10)
+    with pytest.raises(GitHubError) as err:
+        store.save(second)
+    text = str(err.value)
+    assert "\n" not in text and "protect" in text and "nsa-history" in text and "concurrent" not in text
+    assert "Settings" in text and "bypass" in text, text
+    assert sum(m == "PATCH" for m, _, _ in fake.log) == 1  # not 5 rebuilds of a push that cannot pass
+    assert not any("moved during attempt" in line for line in log)

@@ -317,6 +317,11 @@ def _bad(tmp: Path, pipe: Pipeline, results: Path, name: str) -> tuple[list[str]
         return ["--results", str(results), str(h200)], None
     elif name == "dry-run variable":
         return [], {"NSA_PR_DRY_RUN": "maybe"}
+    elif name in ("run dated in the future", "run dated yesterday"):
+        doc = json.loads(results.read_text())
+        doc["run"]["created_at"] = "2999-01-01T00:00:00Z" if name == "run dated in the future" else "yesterday"
+        broken.write_text(json.dumps(doc), encoding="utf-8")
+        return ["--results", str(broken)], None
     return [], None
 
 
@@ -328,6 +333,8 @@ BAD = {
     "results missing": "missing.json",
     "two GPU models": "must come from one GPU model",
     "dry-run variable": "NSA_PR_DRY_RUN must be true or false",
+    "run dated in the future": "run.created_at must not be in the future",
+    "run dated yesterday": "run.created_at must be a UTC ISO-8601 time",
 }
 
 
@@ -456,3 +463,48 @@ def test_nsa_history_dir_stands_in_for_history_dir(tmp_path: Path, fake: FakeGit
     with pytest.raises(SystemExit):
         ci_main(["history", "--help"])
     assert "$NSA_HISTORY_DIR" in capsys.readouterr().out
+
+
+# A history store that heals -----------------------------------------------------------------------
+def plant(pipe: Pipeline, path: str, content: bytes) -> None:
+    """Put a file into the pipeline's store as a person's push would."""
+    if pipe.store == "dir":
+        target = pipe.tmp / "store" / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        return
+    assert pipe.fake is not None
+    has = f"heads/{history.BRANCH}" in pipe.fake.refs
+    files = pipe.fake.files_at(history.BRANCH) if has else {}
+    pipe.fake.commit_files(history.BRANCH, {**files, path: content}, "a hand edit", parents=None if has else [])
+
+
+def test_a_corrupt_record_of_another_model_blocks_no_run_and_heals_at_its_next_run(pipe: Pipeline) -> None:
+    bad = f"history/{H200_SLUG}/20251130T000000Z-x.json"
+    plant(pipe, bad, b"{")
+    path = pipe.results(hx.nightly(hx.H100_TRITON, 0, gpu_name=H100, keep=SEL))
+    pipe.decide(path)
+    rc, _, err = pipe.history(path)
+    assert rc == 0, err
+    (line,) = [x for x in err.splitlines() if bad in x]
+    assert line.startswith("warning: ") and "must be JSON" in line and f"quarantine/{H200_SLUG}/" in line
+    assert pipe.records(H100_SLUG) == [f"{run_id(0)}.json"]
+    rc, _ = pipe.night(hx.nightly(hx.H100_TRITON, 1, gpu_name=H200, keep=SEL))  # the H200's own run heals it
+    assert rc == 0 and pipe.records(H200_SLUG) == [f"{run_id(1)}.json"]
+    path = pipe.results(hx.nightly(hx.H100_TRITON, 2, gpu_name=H100, keep=SEL))
+    pipe.decide(path)
+    rc, _, err = pipe.history(path)
+    assert rc == 0 and bad not in err and "warning" not in err
+
+
+def test_a_renamed_copy_of_a_run_is_not_a_second_run(pipe: Pipeline) -> None:
+    _, first = pipe.night(hx.nightly(hx.H100_TRITON, 0, gpu_name=H100, keep=SEL))
+    record = history.record_path(H100_SLUG, run_id(0))
+    text = ((pipe.tmp / "store" / record).read_bytes() if pipe.store == "dir" else
+            pipe.fake.files_at(history.BRANCH)[record])  # type: ignore[union-attr]
+    plant(pipe, f"history/{H100_SLUG}/copy.json", text)
+    _, decision = pipe.night(hx.nightly(hx.H100_TRITON, 1, gpu_name=H100, keep=SEL))
+    assert changed(decision) == []  # K = 3, two real runs: nothing holds yet
+    assert "only 2 of 3 runs so far" in decision["branches"]["triton_sel"]["reason"]
+    assert decision["history"]["runs_used"][H100_SLUG] == [run_id(0), run_id(1)]
+    assert pipe.records(H100_SLUG) == [f"{run_id(0)}.json", f"{run_id(1)}.json"]  # the copy is in quarantine

@@ -253,3 +253,17 @@ def test_a_gpu_name_with_a_newline_or_markdown_is_made_inert(name: str) -> None:
     pr = build_plan({**decision(), "gpu_name": name}, "", ())
     assert pr.title.startswith(f"NSA thresholds for {plan.gpu_name} (sm90): ")
     assert "\n" not in pr.title and pr.commit_message.splitlines()[0] == pr.title
+
+
+def test_a_case_timed_at_0_ms_is_compared_with_nothing_instead_of_failing_the_bootstrap() -> None:
+    """The results schema lets a timer round a tiny call down to 0 ms; ci.stats refuses such samples,
+    so a zero anywhere (this run, a baseline run, a dense reference) once raised a traceback."""
+    recs = hx.records(hx.H100_DECODE, 4)
+    zero = [dataclasses.replace(c, samples_ms=[0.0, *c.samples_ms[1:]]) if c.id in (NSA, DENSE) else c
+            for c in recs[3].cases]
+    rows = regress.regressions(dataclasses.replace(recs[3], cases=zero), recs[:3])
+    assert NSA not in {r.id for r in rows} and DENSE not in {r.id for r in rows} and rows
+    base = [dataclasses.replace(r, cases=[dataclasses.replace(c, samples_ms=[0.0, *c.samples_ms[1:]])
+                                          if c.id == DENSE else c for c in r.cases]) for r in recs[:3]]
+    (row,) = [r for r in regress.regressions(recs[3], base) if r.id == NSA]
+    assert row.dense_id is None  # the ratio falls back to the case alone
