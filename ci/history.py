@@ -20,11 +20,12 @@ their own run already says why.
 Growth, measured on the committed results (``tests/ci/test_history.py`` pins these numbers):
 ``results/h100/triton-nightly.json`` (84 cases, 626 KB raw) gives a 58 KB record (13 KB zlib) and
 ``results/h200/nightly-fa2.json`` (130 cases, 1.39 MB raw) a 93 KB record (21 KB zlib): about
-0.7 KB per case (``host_ms``, which these older files lack, adds ~20 bytes), so a nightly of
-both suites on one model adds ~150 KB per run (~35 KB as git stores it). At the default of 30 runs
-kept per model, a model's folder holds at most ~4.5 MB; each run beyond that deletes the oldest in
-the same commit, so the branch's tree stays bounded, and git history grows by ~35 KB per run
-(squash the branch yearly if that ever matters).
+0.7 KB per case (``host_ms``, which these older files lack, adds ~20 bytes). A whole nightly of
+~470 cases makes a ~320 KB record (~65 KB as git stores it; the four committed H100 records,
+docs/pipeline.md "History"). At the default of 30 runs kept per model, a model's folder holds at
+most ~10 MB; each run beyond that deletes the oldest in the same commit, so the branch's tree
+stays bounded, and git history grows by ~65 KB per run (squash the branch yearly if that ever
+matters).
 
 A store reads each model's folder through ``sort_out``: every file is checked on its own (``loads``:
 types, finite timings >= 0, at most MAX_SAMPLES samples, a UTC ``created_at`` no later than the
