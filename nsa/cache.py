@@ -46,11 +46,6 @@ class ReadCounts:
     def sel(self, value: Tensor | None) -> None:
         self._sel = value
 
-    @property
-    def sel_mean(self) -> float:
-        sel = self.sel
-        return 0.0 if sel is None else float(sel.float().mean())
-
 
 class TokenBuffer:
     """Append-only `[B, L, H, D]` token buffer with amortised O(1) appends.

@@ -24,7 +24,7 @@ import functools
 import importlib
 import operator
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -110,7 +110,6 @@ class AttnCall:
     sel_block: int | None = None
     block_indices: Tensor | None = None
     grad: bool = False          # the output must carry gradients (needs_grad of the inputs)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def seq_len(self) -> int:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -65,15 +64,12 @@ if triton is not None:
     from nsa.backends.triton_kernels import sliding as _win
     from nsa.backends.triton_kernels import topn as _topn
 
-__all__ = ["PROFILES", "TILES", "Tiles", "beside", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_counts", "decode_step",
+__all__ = ["PROFILES", "Tiles", "beside", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_counts", "decode_step",
            "decode_unsupported_reason", "distinct_blocks", "kernels_interpreted", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
            "unsupported_reason", "use_tiles"]
 
 CAPABILITIES = caps(backward=OPS, fusions=("scores", "train_scores", "gated", "beside", "decode_step"))
 
-# The H100 values as a read-only mapping, for readers of the old module-level table. Launches
-# never read it: they use `current_tiles(device)`.
-TILES = MappingProxyType(dataclasses.asdict(PROFILES["sm90"]))
 current_tiles = current
 
 
