@@ -5,7 +5,8 @@
     python -m bench merge shard0.json shard1.json --out all.json
 
 Exit codes: 0 done; 1 a run could not finish (the message says why); 2 bad usage or bad input
-(a merge's shard files, an --out that is a folder), with a message saying how to fix it;
+(a merge's shard files, an --out that is a folder, a full disk or an unwritable folder), with a
+message saying how to fix it;
 3 `--strict` and some case failed (parity or an exception).
 """
 
@@ -133,6 +134,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except OSError as exc:  # a full disk, `ulimit -f`, an unwritable folder: one line with the path and the fix
+        from ci.args import file_system_error
+
+        message = file_system_error(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _suites(text: str) -> list[str]:

@@ -2,7 +2,8 @@
 
 Subcommands are registered as `Subcommand` records (name, help, arguments, run function), so a
 new stage is one `register(...)` call. Exit codes: 0 ok, 1 a stage could not finish (GitHub, the
-sweep), 2 bad input (with a message saying how to fix it), 3 parity failure (`decide` still
+sweep), 2 bad input or a file-system fault (a full disk, an unwritable folder; one line with the
+path and the fix), 3 parity failure (`decide` still
 writes its file), 4 a regression (`history` and `pipeline`, after every file is written).
 `pipeline` runs the stages in order; `workflow-steps` runs a workflow job here.
 """
@@ -16,7 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ci import guard
-from ci.args import InputError, check_out_dir, check_out_file, check_yaml_file, parse_margin
+from ci.args import (
+    InputError,
+    check_out_dir,
+    check_out_file,
+    check_yaml_file,
+    file_system_error,
+    parse_margin,
+)
 
 # Stage modules that pull in numpy, PyYAML or Jinja (decide, report) are imported when their
 # subcommand runs: `guard` must work on a runner before anything is installed.
@@ -88,7 +96,7 @@ def _report_args(p: argparse.ArgumentParser) -> None:
 def _report_run(args: argparse.Namespace) -> int:
     from ci import report
 
-    check_out_dir(args.out_dir, "--out-dir")
+    check_out_dir(args.out_dir, "--out-dir", replaced=True)
     written = report.write_report(args.decision, args.out_dir, args.previous, args.trends)
     for path in written:
         print(path)
@@ -175,9 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except Exception as exc:
-        if not isinstance(exc, _bad_input_errors()):
+        # A file-system fault (a full disk, `ulimit -f`, a folder that cannot be written) is bad input
+        # too: one line with the path and the fix, not a traceback.
+        message = file_system_error(exc)
+        if message is None and not isinstance(exc, _bad_input_errors()):
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {message or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

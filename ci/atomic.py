@@ -3,7 +3,9 @@
 A write goes to a temporary file in the target's own folder (so that `os.replace` is a rename on
 one filesystem, which POSIX makes atomic), is flushed and fsynced, and only then replaces the
 target. Any failure on the way (a full disk, `ulimit -f`, an interrupt) removes the temporary
-file and leaves the target as it was. Standard library only: `bench/` uses it too.
+file, and the parent folders the write created, and leaves the target as it was; an OSError that
+names no file (a write that ran out of room) is given the target's path, so the CLI can name it in
+its one-line error. Standard library only: `bench/` uses it too.
 """
 
 from __future__ import annotations
@@ -24,11 +26,32 @@ def _umask() -> int:
     return mask
 
 
+def _make_parents(folder: Path) -> list[Path]:
+    """Create `folder` and its missing parents; return those created, deepest first."""
+    created = [q for q in (folder, *folder.parents) if not q.exists()]
+    folder.mkdir(parents=True, exist_ok=True)
+    return created
+
+
+def _undo(created: list[Path], exc: BaseException, path: Path) -> None:
+    """After a failed write: remove the folders it created, and name `path` in an OSError that names none."""
+    for folder in created:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    if isinstance(exc, OSError) and exc.filename is None:
+        exc.filename = str(path)
+
+
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write `data` to `path` atomically; create the parent folder; return the path."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    created = _make_parents(p.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    except OSError as exc:
+        _undo(created, exc, p)
+        exc.filename = str(p)  # not the random temporary name
+        raise
     try:
         # mkstemp makes the file private (0600); the target keeps the mode a plain open() gives.
         os.chmod(tmp, p.stat().st_mode & 0o7777 if p.exists() else 0o666 & ~_umask())
@@ -37,9 +60,10 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        _undo(created, exc, p)
         raise
     return p
 
@@ -57,14 +81,20 @@ def staging_dir(target: str | os.PathLike[str]) -> Iterator[Path]:
     and `target` is untouched, so a failed run never mixes its files with an earlier run's.
     """
     t = Path(target)
-    t.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=t.parent, prefix=f".{t.name}.", suffix=".tmp"))
+    created = _make_parents(t.parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=t.parent, prefix=f".{t.name}.", suffix=".tmp"))
+    except OSError as exc:
+        _undo(created, exc, t)
+        exc.filename = str(t)  # not the random temporary name
+        raise
     try:
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the target is an ordinary folder
         yield tmp
         replace_dir(tmp, t)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        _undo(created, exc, t)
         raise
 
 

@@ -363,7 +363,13 @@ def publish(
             raise GitHubError(
                 f"--config must name a file, got the folder {config_path!r}; pass configs/base.yaml"
             )
-        old_text = old.decoded_content.decode("utf-8")
+        try:
+            old_text = old.decoded_content.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigEditError(
+                f"{config_path} on {base} must be UTF-8 text, got a byte {exc.object[exc.start]:#04x} that is not "
+                f"UTF-8 at offset {exc.start}; save it as UTF-8 on {base}, then rerun"
+            ) from None
     if pulls and plan.uncovered:
         kept = _unmeasured_changes(s, repo, pulls[0], plan, config_path)
         if kept:

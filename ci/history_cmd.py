@@ -29,7 +29,8 @@ once the decision was rewritten. Rerunning on the rewritten decision gives the s
 entry keeps decide's own proposal under `lasting.raw`.
 
 Exit codes: 0 ok; 2 bad input (one line with the cause and the fix; nothing is written or
-changed); 4 a regression was flagged (a `host`, `launch-bound` or `drift` row is not one; the
+changed; --decision, --out-dir and --history-dir are checked before the first write), or a
+file-system fault met later (a full disk: one line with the path and the fix); 4 a regression was flagged (a `host`, `launch-bound` or `drift` row is not one; the
 decision, history, issue, trends and history.json are all written first, so the report and the PR
 steps still run after it: let them run on this step's `history` output, and fail the job at the
 end); 1 GitHub could not be reached or refused.
@@ -54,7 +55,7 @@ from typing import Any, TextIO
 
 from bench import results
 from ci import decide, history, lasting, regress
-from ci.args import env_dry_run
+from ci.args import InputError, check_out_dir, check_out_file, env_dry_run
 from ci.history import HistoryError, HistoryRun
 from nsa import keys, settings
 
@@ -288,10 +289,9 @@ def _github_output(env: Mapping[str, str], outcome: Outcome) -> None:
 
 
 def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    from ci import atomic
+
+    atomic.write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
 
 def issue_scope(record: HistoryRun, rows: Sequence[regress.Row], past: Sequence[HistoryRun]) -> str:
@@ -324,7 +324,7 @@ def main(args: argparse.Namespace, *, env: Mapping[str, str] | None = None, conn
     out, err = out or sys.stdout, err or sys.stderr
     try:
         return _main(args, env, connector, out, err)
-    except (HistoryInputError, HistoryError, results.ResultsError, settings.SettingsError) as exc:
+    except (HistoryInputError, HistoryError, InputError, results.ResultsError, settings.SettingsError) as exc:
         print(f"error: {exc}", file=err)
         return EXIT_INPUT
     except GitHubError as exc:
@@ -355,11 +355,19 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
     dry = bool(args.dry_run) or _env_dry_run(env)
     target = None if dry else _target(env)
     out_dir = Path(args.out_dir)
+    history_dir = args.history_dir or env.get(HISTORY_DIR_ENV, "").strip()
+    # Every place this run writes, checked before the first write: a bad one must not leave the
+    # decision rewritten or the run saved with the rest undone. The store is only read on a dry or
+    # smoke run, so it need not be writable then.
+    check_out_file(args.decision, "--decision")
+    check_out_dir(out_dir, "--out-dir")
+    if history_dir:
+        check_out_dir(history_dir, "--history-dir" if args.history_dir else HISTORY_DIR_ENV,
+                      writable=not (dry or smoke))
 
     # 2. History: the store, its runs of this profile.
     o = Outcome()
     gh = None
-    history_dir = args.history_dir or env.get(HISTORY_DIR_ENV, "").strip()
     if history_dir:
         from ci.history_store import LocalHistoryStore
 
@@ -428,8 +436,9 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
         planned = "skipped" if scope else ("created or updated" if plan.regressions else "closed if open")
         if target is None:
             why = "dry run" if dry else "no GITHUB_TOKEN or GH_TOKEN with GITHUB_REPOSITORY"
-            out_dir.mkdir(parents=True, exist_ok=True)
-            (out_dir / "issue_body.md").write_text(plan.body, encoding="utf-8")
+            from ci import atomic
+
+            atomic.write_text(out_dir / "issue_body.md", plan.body)
             o.issue = "dry-run"
             o.issue_detail = {"planned": planned, "reason": why + (f"; {scope}" if scope else ""),
                               "title": plan.title, "regressions": plan.regressions, "comment": plan.comment}

@@ -25,6 +25,10 @@ Exit code: that of the first stage that failed (sweep 1/2, decide 2/3, history 1
 pr 1/2), else 0. 4 means a regression: a case is significantly slower than in this GPU model's
 history (the report lists it first).
 
+Every path argument (--out-dir, --history-dir, and --config where the PR stage will send) is checked
+before the first stage writes. A stage that fails, a file-system fault included (one line with the
+path and the fix, exit 2), still ends with the summary.
+
 --out-dir holds one run: before a stage runs, the file or folder it writes is removed (the history
 store excepted), and the summary reads a stage's file only when that stage succeeded in this run.
 A failed stage therefore never shows (or leaves behind for `ci pr`) the decision, report or PR
@@ -41,12 +45,13 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ci.args import InputError, check_out_dir, parse_margin
+from ci.args import InputError, check_out_dir, env_dry_run, file_system_error, parse_margin
 from ci.values import text
 
 HELP = "the main job: sweep this machine, decide, report, threshold PR (dry run without a token)"
@@ -174,6 +179,9 @@ def _call(stage: Stage, argv: list[str]) -> int:
         return stage(argv)
     except SystemExit as exc:  # argparse inside the stage: a bad value passed through
         return exc.code if isinstance(exc.code, int) else 2
+    except Exception:  # a bug in the stage: its traceback, then the other stages' outcome and the summary
+        traceback.print_exc()
+        return EXIT_FAILED
 
 
 def _timed(name: str, fn: Callable[[], tuple[int, str]]) -> StageResult:
@@ -199,18 +207,51 @@ def _clear(path: Path) -> None:
     print(f"removed {path} from an earlier run", flush=True)
 
 
+def check_paths(args: argparse.Namespace, out: Path) -> None:
+    """Every path the stages will write, and the --config the PR stage will name in the repository,
+    checked before the first stage writes: a bad one must not fail a later stage after an earlier one
+    wrote (a decision rewritten, a run saved to the store)."""
+    check_out_dir(out, "--out-dir")
+    store = args.history_dir or os.environ.get(HISTORY_ENV, "").strip()
+    try:
+        dry = args.dry_run or env_dry_run(os.environ)
+    except InputError:  # refused by the history and PR stages themselves, in the summary
+        dry = False
+    if store:
+        check_out_dir(store, "--history-dir" if args.history_dir else HISTORY_ENV, writable=not dry)
+    if args.config and not dry and (os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN")):
+        from ci.pr_cmd import repo_path
+        from ci.pr_plan import PlanError
+
+        try:
+            repo_path(args.config)
+        except PlanError as exc:
+            raise InputError(f"{exc} (the PR stage edits that path on the base branch)") from None
+
+
 def run(args: argparse.Namespace, stage: Stage, probe: Probe = probe_device) -> int:
     """Run every stage `args` asks for; `stage` runs one `python -m ci` subcommand in-process."""
     out = Path(args.out_dir)
     try:
-        check_out_dir(out, "--out-dir")
+        check_paths(args, out)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    done: list[StageResult] = []
+    try:
+        return _stages(args, stage, probe, out, done)
+    except OSError as exc:  # the pipeline's own file work (clearing an earlier run's files, the sweep's folder)
+        message = file_system_error(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        done.append(StageResult("files", "failed", EXIT_BAD_INPUT, detail=message))
+        return _finish(done, {}, None)
+
+
+def _stages(args: argparse.Namespace, stage: Stage, probe: Probe, out: Path, done: list[StageResult]) -> int:
     decision, report_dir, pr_dir = out / "decision.json", out / "report", out / "pr"
     history_out = out / "history"
-    done: list[StageResult] = []
-
     if args.results:
         files = list(args.results)
         done.append(StageResult("sweep", "skipped", detail="--results " + " ".join(files)))

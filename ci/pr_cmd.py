@@ -22,7 +22,7 @@ from ci.pr_plan import PlanError, PrPlan, build_plan, load_report, validate_deci
 if TYPE_CHECKING:
     from ci.github import Target
 
-__all__ = ["add_arguments", "main", "register", "run", "run_pr"]
+__all__ = ["add_arguments", "main", "register", "repo_path", "run", "run_pr"]
 
 EXIT_OK, EXIT_GITHUB, EXIT_INPUT = 0, 1, 2
 DEFAULT_CONFIG = "configs/base.yaml"
@@ -55,7 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="folder with report.md and *.png from `python -m ci report` (default: %(default)s)",
     )
     parser.add_argument(
-        "--config", default=DEFAULT_CONFIG, help="config path in the repository (default: %(default)s)"
+        "--config", default=DEFAULT_CONFIG,
+        help="config path in the repository; an absolute path must lie in a git checkout, and is taken relative "
+             "to its root (default: %(default)s)"
     )
     parser.add_argument("--base", default=None, help="base branch (default: the repository's default branch)")
     parser.add_argument(
@@ -108,8 +110,21 @@ def _github_output(env: Mapping[str, str], outcome: str, url: str) -> None:
             fh.write(f"outcome={outcome}\npr_url={url}\n")
 
 
-def _repo_path(path: str) -> str:
-    """``path`` as GitHub names it: relative to the repository root, with forward slashes."""
+def repo_path(path: str) -> str:
+    """``path`` as GitHub names it: relative to the repository root, with forward slashes.
+
+    An absolute path inside a git checkout (as `ci decide`, `ci history` and `ci report` accept it)
+    is taken relative to that checkout's root; `ci pipeline` checks this before its first stage.
+    """
+    if os.path.isabs(path):
+        absolute = Path(os.path.normpath(path))
+        root = next((d for d in absolute.parents if (d / ".git").exists()), None)
+        if root is None:
+            raise PlanError(
+                f"--config must be a path inside the repository, got {path!r}, outside any git checkout; pass "
+                "it relative to the root, e.g. configs/base.yaml"
+            )
+        path = absolute.relative_to(root).as_posix()
     clean = posixpath.normpath(path.replace("\\", "/"))
     if clean.startswith(("/", "../")) or clean in (".", ".."):
         raise PlanError(
@@ -177,7 +192,8 @@ def run(
     env = os.environ if env is None else env
     out, err = out or sys.stdout, err or sys.stderr
     try:
-        check_out_dir(args.out_dir, "--out-dir")  # before anything is sent: the outcome must be writable
+        # Before anything is sent: the outcome must be writable (the folder is replaced as a whole).
+        check_out_dir(args.out_dir, "--out-dir", replaced=True)
         plan = _load_plan(args)
         why = "--dry-run" if args.dry_run else f"{DRY_RUN_ENV}={env[DRY_RUN_ENV]}" if _env_dry_run(env) else ""
         target = None if why else target_from_env(env)
@@ -188,7 +204,7 @@ def run(
             gh,
             target,
             plan,
-            config_path=_repo_path(args.config),
+            config_path=repo_path(args.config),
             base=args.base,
             log=lambda line: print(line, file=err),
         )

@@ -4,6 +4,8 @@ Each case runs the CLI in-process through its `main(argv)` and must end with exi
 line that names the cause and the fix (`...; <fix>`), no traceback, and no file written or
 changed anywhere in the test's folder. The cases are generated: every bad results file goes to
 every subcommand that reads results, every bad config to every reader of configs, and so on.
+The OS faults (an unwritable folder, a file where a folder must be, a symlinked output folder, a
+full disk) go to every subcommand that writes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +173,7 @@ class Case:
     cli: str  # "ci" or "bench"
     argv: Callable[[Path], list[str]]  # the folder holds good.json, good.yaml, decision.json, report/
     setup: Callable[[Path], None] = lambda tmp: None
+    fault: str = ""  # "full-disk": run in a subprocess with no room to write; "read-only": ro/ is not writable
 
 
 def _write(name: str, data: bytes) -> Callable[[Path], None]:
@@ -288,19 +294,133 @@ def _flag_cases() -> list[Case]:
     return cases
 
 
+def _writers(out: Callable[[Path], Path]) -> dict[str, tuple[str, Callable[[Path], list[str]]]]:
+    """Every subcommand that writes, with its output under `out(tmp)`: `{id: (cli, argv)}`. The
+    history store of `ci history` and `ci pipeline` lies under it too, so that it is checked as well."""
+    def o(t: Path, name: str) -> str:
+        return str(out(t) / name)
+
+    return {
+        "ci-decide": ("ci", lambda t: ["decide", "--results", str(t / "good.json"), "--config", str(t / "good.yaml"),
+                                       "--out", o(t, "d.json")]),
+        "ci-history": ("ci", lambda t: ["history", "--results", str(t / "good.json"), "--decision", o(t, "d.json"),
+                                        "--config", str(t / "good.yaml"), "--history-dir", o(t, "store"),
+                                        "--out-dir", o(t, "history")]),
+        "ci-report": ("ci", lambda t: ["report", "--decision", str(t / "decision.json"), "--out-dir", o(t, "report")]),
+        "ci-pr": ("ci", lambda t: ["pr", "--decision", str(t / "decision.json"), "--report-dir", str(t / "report"),
+                                   "--config", str(t / "good.yaml"), "--out-dir", o(t, "pr"), "--dry-run"]),
+        "bench-merge": ("bench", lambda t: ["merge", str(t / "good.json"), "--out", o(t, "m.json")]),
+        "ci-pipeline": ("ci", lambda t: ["pipeline", "--results", str(t / "good.json"), "--config",
+                                         str(t / "good.yaml"), "--out-dir", o(t, "run"), "--history-dir",
+                                         o(t, "store"), "--dry-run"]),
+    }
+
+
+def _copy_decision(into: str) -> Callable[[Path], None]:
+    """`ci history` rewrites the decision it is given: a copy of the good one in `into`."""
+    def setup(tmp: Path) -> None:
+        (tmp / into).mkdir(exist_ok=True)
+        (tmp / into / "d.json").write_bytes((tmp / GOOD_DECISION_PLACEHOLDER).read_bytes())
+    return setup
+
+
+def _os_fault_cases() -> list[Case]:
+    cases = []
+    # A file where a folder must be: the output folder itself, or a folder above it.
+    for name, cli_argv in _writers(lambda t: t / "good.yaml" / "sub").items():
+        cases.append(Case(f"{name}-out-under-a-file", *cli_argv))
+    # The folder cannot be written (its mode; as root, which may write anyway, os.access says so).
+    for name, cli_argv in _writers(lambda t: t / "ro").items():
+        cases.append(Case(f"{name}-out-not-writable", *cli_argv, _copy_decision("ro"), fault="read-only"))
+    # No room to write: `ulimit -f 0` in a subprocess (SIGXFSZ ignored, as Python does, so a write
+    # fails with EFBIG as on a full disk). Every stage's first write fails.
+    for name, cli_argv in _writers(lambda t: t / "full").items():
+        cases.append(Case(f"{name}-full-disk", *cli_argv, _copy_decision("full"), fault="full-disk"))
+    # Symlinked output folders: one that the stage replaces as a whole, and a broken one.
+    link = _link("link", "report")
+    cases += [
+        Case("ci-report-out-dir-is-a-symlink", "ci", lambda t: ["report", "--decision", str(t / "decision.json"),
+                                                                "--out-dir", str(t / "link")], link),
+        Case("ci-pr-out-dir-is-a-symlink", "ci", lambda t: [
+            "pr", "--decision", str(t / "decision.json"), "--report-dir", str(t / "report"), "--config",
+            str(t / "good.yaml"), "--out-dir", str(t / "link"), "--dry-run"], link),
+    ]
+    broken = _link("link", "gone")
+    for name, cli_argv in _writers(lambda t: t / "link").items():
+        cases.append(Case(f"{name}-out-is-a-broken-symlink", *cli_argv, broken))
+    # The path that is a file, for the folders `ci history` writes besides its --out-dir.
+    cases += [
+        Case("ci-history-history-dir-is-a-file", "ci", lambda t: [
+            "history", "--results", str(t / "good.json"), "--decision", str(t / "h" / "d.json"), "--config",
+            str(t / "good.yaml"), "--history-dir", str(t / "good.yaml"), "--out-dir", str(t / "h" / "out")],
+            _copy_decision("h")),
+        Case("ci-history-out-dir-is-a-file", "ci", lambda t: [
+            "history", "--results", str(t / "good.json"), "--decision", str(t / "h" / "d.json"), "--config",
+            str(t / "good.yaml"), "--history-dir", str(t / "h" / "store"), "--out-dir", str(t / "good.yaml")],
+            _copy_decision("h")),
+        Case("ci-pipeline-history-dir-is-a-file", "ci", lambda t: [
+            "pipeline", "--results", str(t / "good.json"), "--config", str(t / "good.yaml"), "--out-dir",
+            str(t / "run"), "--history-dir", str(t / "good.yaml")]),
+    ]
+    return cases
+
+
+def _link(name: str, to: str) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        (tmp / name).symlink_to(to, target_is_directory=True)
+    return setup
+
+
+def _read_only(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ro/ (with what the case put there) is not writable: by its mode, and, for root, whom the mode
+    does not stop, by os.access, as a read-only mount would answer."""
+    ro = tmp / "ro"
+    ro.mkdir(exist_ok=True)
+    ro.chmod(0o555)
+    if os.geteuid() == 0:
+        real = os.access
+
+        def access(path: Any, mode: int, *args: Any, **kwargs: Any) -> bool:
+            where = Path(os.path.abspath(path))
+            inside = where == ro or ro in where.parents
+            return False if inside and mode & os.W_OK else real(path, mode, *args, **kwargs)
+        monkeypatch.setattr(os, "access", access)
+
+
+FULL_DISK = """
+import resource, signal, sys
+import bench.cli, ci.__main__, ci.decide, ci.history_cmd, ci.plots, ci.report, ci.trends
+ci.__main__.build_parser()  # registers (imports) every stage before the limit
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+main = ci.__main__.main if sys.argv[1] == "ci" else bench.cli.main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _full_disk(case: Case, tmp: Path) -> tuple[int, str]:
+    """Run `case` in a subprocess that may not write a byte to any file (`ulimit -f 0`)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GITHUB_TOKEN", "GH_TOKEN", "NSA_PR_DRY_RUN",
+                                                             "GITHUB_OUTPUT", "GITHUB_ACTIONS", "NSA_HISTORY_DIR")}
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[1]), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([sys.executable, "-c", FULL_DISK, case.cli, *case.argv(tmp)], capture_output=True,
+                          text=True, env=env, cwd=tmp, timeout=300)
+    return proc.returncode, proc.stderr
+
+
 @pytest.fixture(scope="module")
 def good_decision(tmp_path_factory: pytest.TempPathFactory) -> Doc:
     return _decision(tmp_path_factory.mktemp("decision"))
 
 
 def _snapshot(root: Path) -> dict[str, str]:
-    """Every path under `root` with a digest of its content ("dir" for folders)."""
-    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*"))}
+    """Every path under `root` with a digest of its content ("dir" for folders, the target for a symlink)."""
+    return {str(p.relative_to(root)): f"-> {os.readlink(p)}" if p.is_symlink() else "dir" if p.is_dir()
+            else hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))}
 
 
 GOOD_DECISION_PLACEHOLDER = "decision.json"
-CASES = _results_cases() + _config_cases() + _flag_cases()
+CASES = _results_cases() + _config_cases() + _flag_cases() + _os_fault_cases()
 # The same order as _decision_cases builds them (that needs the real decision, made in a fixture).
 DECISION_CASE_IDS = ([f"ci-report-decision-{n}" for n in BAD_DECISIONS]
                      + [f"ci-pr-decision-{n}" for n in {**BAD_DECISIONS, **BAD_FOR_PR}])
@@ -316,13 +436,18 @@ def _run(case: Case, tmp: Path, good_decision: Doc, monkeypatch: pytest.MonkeyPa
     (tmp / "report").mkdir()
     (tmp / "report" / "report.md").write_text("# report\n", encoding="utf-8")
     case.setup(tmp)
+    if case.fault == "read-only":
+        _read_only(tmp, monkeypatch)
     before = _snapshot(tmp)
     main = ci_main if case.cli == "ci" else bench_main
-    try:
-        rc = main(case.argv(tmp))
-    except SystemExit as exc:  # argparse rejects a flag's value
-        rc = exc.code
-    err = capsys.readouterr().err
+    if case.fault == "full-disk":
+        rc, err = _full_disk(case, tmp)
+    else:
+        try:
+            rc = main(case.argv(tmp))
+        except SystemExit as exc:  # argparse rejects a flag's value
+            rc = exc.code
+        err = capsys.readouterr().err
     assert rc == 2, f"exit {rc}, stderr:\n{err}"
     assert "Traceback" not in err
     errors = [line for line in err.splitlines() if "error:" in line]

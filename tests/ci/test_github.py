@@ -342,6 +342,28 @@ def test_missing_profile_on_base_is_an_input_error(run: Runner, fake: FakeGitHub
     assert fake.writes() == []
 
 
+def test_non_utf8_config_on_base_is_one_line_exit_2(run: Runner, fake: FakeGitHub) -> None:
+    fake.commit_files("main", {**fake.files_at("main"), "configs/base.yaml": b"\xff\xfe" + BASE_CONFIG}, "latin")
+    rc, _, err = run(decision())
+    assert rc == 2 and "Traceback" not in err and not (run.tmp / "pr").exists()
+    (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+    assert "configs/base.yaml on main must be UTF-8 text, got a byte 0xff" in line and "; save it as UTF-8" in line
+    assert fake.writes() == []
+
+
+def test_absolute_config_inside_a_checkout_names_the_repository_path(run: Runner, fake: FakeGitHub,
+                                                                     tmp_path: Path) -> None:
+    """`ci decide`, `ci history` and `ci report` take --config as an absolute path; so does `ci pr`
+    when the path lies in a git checkout (taken relative to its root). Outside one it is refused."""
+    checkout = tmp_path / "checkout"
+    (checkout / ".git").mkdir(parents=True)
+    rc, out, _ = run(decision(), "--config", str(checkout / "configs" / "base.yaml"))
+    assert rc == 0 and "outcome=created" in out
+    assert len(config_diff(fake, BRANCH)) == 1
+    rc, _, err = run(decision(), "--config", str(tmp_path / "elsewhere" / "base.yaml"))
+    assert rc == 2 and "--config must be a path inside the repository" in err and "outside any git checkout" in err
+
+
 @pytest.mark.parametrize("mode", ["no-token", "flag", "env"])
 def test_dry_run_sends_nothing(
     run: Runner, fake: FakeGitHub, mode: str, monkeypatch: pytest.MonkeyPatch, pristine_config: Path

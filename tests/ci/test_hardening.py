@@ -282,13 +282,29 @@ def _umask() -> int:
     return mask
 
 
-def test_bench_merge_leaves_no_temp_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_write_removes_the_folders_it_made_and_names_the_path(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(OSError) as info:
+        atomic.write_text(tmp_path / "new" / "sub" / "decision.json", "{}\n")
+    assert info.value.filename == str(tmp_path / "new" / "sub" / "decision.json")
+    with pytest.raises(OSError) as info, atomic.staging_dir(tmp_path / "made" / "report") as stage:
+        (stage / "a.png").write_bytes(b"x")
+        raise OSError(27, "File too large")  # as PIL raises it, naming no file
+    assert info.value.filename == str(tmp_path / "made" / "report")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_merge_leaves_no_temp_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     from bench.cli import main as bench_main
 
     shard = results.dump(fx.document(fx.sweep("sliding", {1024: 2.0})), tmp_path / "shard0.json")
     monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space left on device")))
-    with pytest.raises(OSError):
-        bench_main(["merge", str(shard), "--out", str(tmp_path / "all.json")])
+    # A full disk is an exit 2 with one line naming the file and the fix, not a traceback.
+    assert bench_main(["merge", str(shard), "--out", str(tmp_path / "all.json")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: the disk must have room for {str(tmp_path / 'all.json')!r}") and "; free" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shard0.json"]
 
 

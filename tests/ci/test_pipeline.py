@@ -131,6 +131,55 @@ def test_bad_results_exit_2_without_report(tmp_path: Path, capsys: pytest.Captur
     assert "cannot read results file" in capsys.readouterr().err
 
 
+def test_a_config_the_pr_cannot_name_is_refused_before_any_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """With a token the PR stage edits --config on the base branch: a path outside any checkout is
+    refused at the start, not after decide, history and report ran on it."""
+    config = fx.write_pristine_config(tmp_path / "elsewhere" / "base.yaml")
+    monkeypatch.setenv("GITHUB_TOKEN", "ghs_fake")
+    monkeypatch.setenv("GITHUB_REPOSITORY", "octo/nsa")
+    out = tmp_path / "out"
+    res = _results(tmp_path, fx.sweep("sliding", {1024: 2.0}))
+    assert main(["pipeline", "--results", res, "--config", str(config), "--out-dir", str(out),
+                 "--history-dir", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert "--config must be a path inside the repository" in err and "Traceback" not in err
+    assert not out.exists() and not (tmp_path / "store").exists()
+
+
+def test_a_stage_that_crashes_still_gets_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def stage(argv: list[str]) -> int:
+        if argv[0] == "history":
+            raise RuntimeError("a bug in history")
+        return main(argv)
+
+    out = tmp_path / "out"
+    args = _args(results=_results(tmp_path, fx.sweep("sliding", {1024: 2.0}) + fx.calibration(2.0, fx.TIGHT)),
+                 config=str(fx.write_pristine_config(tmp_path / "c.yaml")), out_dir=str(out))
+    args.dry_run = True
+    assert pipeline.run(args, stage=stage) == 1
+    captured = capsys.readouterr()
+    assert "RuntimeError: a bug in history" in captured.err
+    assert "  history FAILED (exit 1)" in captured.out and captured.out.rstrip().endswith("failed at history (exit 1)")
+
+
+def test_a_file_system_fault_of_the_pipeline_itself_gets_the_summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Clearing an earlier run's files can fail too (a folder made read-only): exit 2, one line, the summary."""
+    def clear(path: Path) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(pipeline, "_clear", clear)
+    out = tmp_path / "out"
+    rc = main(["pipeline", "--results", _results(tmp_path, fx.sweep("sliding", {1024: 2.0})), "--out-dir", str(out),
+               "--dry-run"])
+    captured = capsys.readouterr()
+    errors = [x for x in captured.err.splitlines() if "error:" in x]
+    assert rc == 2 and len(errors) == 1 and "Traceback" not in captured.err
+    assert f"{str(out / 'decision.json')!r} must be writable, got Permission denied; make its folder" in errors[0]
+    assert "== pipeline summary ==" in captured.out and "outcome: failed at files (exit 2)" in captured.out
+
+
 def _args(**kw: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     pipeline.add_arguments(parser)
