@@ -13,7 +13,6 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from ci import guard
 from ci.args import InputError, check_out_dir, check_out_file, check_yaml_file, parse_margin
@@ -22,6 +21,8 @@ from ci.args import InputError, check_out_dir, check_out_file, check_yaml_file, 
 # subcommand runs: `guard` must work on a runner before anything is installed.
 EXIT_BAD_INPUT = 2
 CONFIG_FIX = "pass --config configs/base.yaml"
+CONFIG_FIXES = {"NSA_CONFIG": "set NSA_CONFIG to a config file, or unset it for the default",
+                "the default config": "restore configs/base.yaml, or reinstall the package"}
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ def _decide_args(p: argparse.ArgumentParser) -> None:
                    help="results files of one GPU architecture (shards of one run; case ids must be unique)")
     p.add_argument("--config", default=None,
                    help="config with nsa grid, decide.margin/confidence and current thresholds "
-                        "(default: configs/base.yaml of the checkout, else the copy installed with the package)")
+                        "(default: $NSA_CONFIG when set, else configs/base.yaml of the checkout, else the copy "
+                        "installed with the package)")
     p.add_argument("--margin", type=parse_margin, default=None,
                    help="speedup the CI lower bound must clear to adopt a candidate (FA-2, Triton); empty or absent: the "
                         "config's decide.margin")
@@ -57,9 +59,11 @@ def _decide_args(p: argparse.ArgumentParser) -> None:
 
 def _decide_run(args: argparse.Namespace) -> int:
     from ci import decide
+    from nsa.settings import config_source
 
-    config = args.config or str(default_config())
-    check_yaml_file(config, "--config", CONFIG_FIX)
+    path, source = config_source(args.config)
+    config = str(path)
+    check_yaml_file(config, source, CONFIG_FIXES.get(source, CONFIG_FIX))
     check_out_file(args.out, "--out")
     doc = decide.decide_files(args.results, config, args.margin)
     decide.write_decision(doc, args.out)
@@ -145,13 +149,6 @@ def build_parser(stages: bool = True) -> argparse.ArgumentParser:
         sub.add_arguments(p)
         p.set_defaults(run=sub.run)
     return parser
-
-
-def default_config() -> Path:
-    """configs/base.yaml of this checkout, else the copy installed with the package."""
-    from nsa.resources import default_config_path
-
-    return default_config_path()
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:

@@ -1,26 +1,34 @@
-"""An installed package carries its defaults (hardening issue, item 9).
+"""An installed package carries its defaults (hardening issue, item 9), and runs the pipeline from
+any folder (issue 34, item 4).
 
 `pip install .` must ship configs/base.yaml and templates/*.j2 (as nsa/_data/), and
 `nsa.resources` must find them when the package runs outside a checkout; in a checkout it finds
-the checkout's own files. The wheel test builds from a copy of the tracked files, installs the
-wheel with `--no-deps --target` (no download, no torch) and runs `ci decide` and `ci report` from
-another folder with only that copy importable.
+the checkout's own files. Every `ci` stage reads that default (or $NSA_CONFIG, or --config) from
+any folder. The wheel test builds from a copy of the tracked files, installs the wheel with
+`--no-deps --target` (no download, no torch) and runs `ci decide` and `ci report` from another
+folder with only that copy importable. The pipeline test installs the copy as `pip install -e`
+does into a fresh venv (built with this venv's setuptools, installed with `--no-deps`; a .pth
+line then lets it see this venv's site-packages, torch included, without running their .pth
+files, so this venv's own editable install stays out) and runs `ci pipeline` from another folder.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from bench import results
-from nsa import resources
+from nsa import resources, settings
 from tests.ci import fixtures as fx
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,6 +53,85 @@ def test_resources_fall_back_to_the_packaged_copies(tmp_path: Path, monkeypatch:
         resources.default_config_path()
 
 
+def _config_with(folder: Path, **decide: object) -> Path:
+    """configs/base.yaml with the given `decide.*` values replaced, written to folder/mine.yaml."""
+    text = (REPO / "configs" / "base.yaml").read_text(encoding="utf-8")
+    for key, value in decide.items():
+        text, n = re.subn(rf"^(  {key}: )\S+", rf"\g<1>{value}", text, count=1, flags=re.M)
+        assert n == 1, key
+    path = folder / "mine.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder outside the checkout, the working directory, with one results file; no token, no NSA_*."""
+    for name in ("GITHUB_TOKEN", "GH_TOKEN", "NSA_PR_DRY_RUN", "GITHUB_OUTPUT", "NSA_HISTORY_DIR", "NSA_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    results.dump(fx.document(fx.sweep("sliding", {1024: 2.0, 2048: 2.0})), work / "results.json")
+    monkeypatch.chdir(work)
+    return work
+
+
+def _pipeline(capsys: pytest.CaptureFixture[str], *extra: str) -> dict:
+    from ci.__main__ import main
+
+    rc = main(["pipeline", "--results", "results.json", "--dry-run", *extra])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.out + captured.err
+    for stage in ("decide", "history", "report", "pr"):
+        assert re.search(rf"^  {stage} +ok ", captured.out, re.M), captured.out
+    return json.loads(Path("out/decision.json").read_text(encoding="utf-8"))
+
+
+def test_every_stage_reads_the_default_config_from_another_folder(elsewhere: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # `ci history` used to read the relative path configs/base.yaml: exit 2 outside the checkout's root.
+    doc = _pipeline(capsys)
+    live = settings.load(REPO / "configs" / "base.yaml").decide
+    assert doc["margin"] == live["margin"] and doc["history"]["k"] == live["history_runs"]
+
+
+def test_nsa_config_is_the_config_of_every_stage_and_config_wins_over_it(
+        elsewhere: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from ci.__main__ import main
+
+    mine = _config_with(elsewhere, margin=1.5, history_runs=1)
+    monkeypatch.setenv("NSA_CONFIG", str(mine))
+    doc = _pipeline(capsys)
+    assert doc["margin"] == 1.5 and doc["history"]["k"] == 1  # decide and history alike
+    live = settings.load(REPO / "configs" / "base.yaml").decide
+    base = str(REPO / "configs" / "base.yaml")
+    assert main(["decide", "--results", "results.json", "--config", base, "--out", "d.json"]) == 0
+    assert main(["history", "--results", "results.json", "--decision", "d.json", "--config", base,
+                 "--out-dir", "h", "--dry-run"]) == 0
+    doc = json.loads(Path("d.json").read_text(encoding="utf-8"))
+    assert doc["margin"] == live["margin"] and doc["history"]["k"] == live["history_runs"]
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("stage", ["decide", "history"])
+def test_an_nsa_config_that_names_no_file_is_one_line_naming_it(elsewhere: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str],
+                                                                stage: str) -> None:
+    from ci.__main__ import main
+
+    monkeypatch.setenv("NSA_CONFIG", str(elsewhere / "missing.yaml"))
+    base = str(REPO / "configs" / "base.yaml")
+    assert main(["decide", "--results", "results.json", "--config", base, "--out", "d.json"]) == 0
+    before = Path("d.json").read_bytes()
+    capsys.readouterr()
+    argv = {"decide": ["decide", "--results", "results.json", "--out", "d.json"],
+            "history": ["history", "--results", "results.json", "--decision", "d.json", "--out-dir", "h"]}[stage]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "NSA_CONFIG" in err and "missing.yaml" in err, err
+    assert Path("d.json").read_bytes() == before and not Path("h").exists()
+
+
 def _tracked_copy(dest: Path) -> Path:
     files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     for name in files.decode().split("\0"):
@@ -57,13 +144,59 @@ def _tracked_copy(dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    src = _tracked_copy(tmp_path_factory.mktemp("src"))
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the checkout's tracked files (what a clone has)."""
+    return _tracked_copy(tmp_path_factory.mktemp("src"))
+
+
+@pytest.fixture(scope="module")
+def wheel(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What `pip install .` installs."""
     out = tmp_path_factory.mktemp("wheel")
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                           "-w", str(out), str(src)], capture_output=True, text=True, timeout=600)
+                           "-w", str(out), str(source)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return next(out.glob("nsa_bench-*.whl"))
+
+
+@pytest.fixture(scope="module")
+def editable_wheel(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What `pip install -e .` installs, built by the backend hook that pip calls (PEP 660)."""
+    out = tmp_path_factory.mktemp("editable")
+    code = "import sys, setuptools.build_meta as b; print(b.build_editable(sys.argv[1]))"
+    proc = subprocess.run([sys.executable, "-c", code, str(out)], cwd=source, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out / proc.stdout.split()[-1]
+
+
+def _fresh_venv(where: Path, wheel: Path) -> Path:
+    """A new venv outside the checkout with `wheel` installed alone; returns its python.
+
+    After the install, a .pth line puts this venv's site-packages on its path (torch, PyYAML and the
+    pipeline's packages without a download); those folders' own .pth files do not run, so this venv's
+    editable install of the checkout is not seen.
+    """
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=120)
+    python = where / "bin" / "python"
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
+                           "-q", str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "zz_test_deps.pth").write_text("".join(f"{p}\n" for p in site.getsitepackages()))
+    return python
+
+
+def _runner(python: Path, work: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    drop = ("PYTHONPATH", "NSA_CONFIG", "NSA_PROFILE", "NSA_HISTORY_DIR", "GITHUB_TOKEN", "GH_TOKEN", "GITHUB_OUTPUT",
+            "NSA_PR_DRY_RUN")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(python), *argv], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+
+    return run
 
 
 def test_the_wheel_carries_the_config_and_templates(wheel: Path) -> None:
@@ -108,3 +241,21 @@ def test_an_installed_package_decides_and_reports_from_another_folder(wheel: Pat
     reported = run("-m", "ci", "report", "--decision", "decision.json", "--out-dir", "report")
     assert reported.returncode == 0, reported.stderr
     assert (work / "report" / "report.md").is_file()
+
+
+def test_the_pipeline_install_runs_the_pipeline_from_another_folder(editable_wheel: Path, source: Path,
+                                                                    tmp_path: Path) -> None:
+    python = _fresh_venv(tmp_path / "venv", editable_wheel)
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    results.dump(fx.document(fx.sweep("sliding", {1024: 2.0, 2048: 2.0})), work / "results.json")
+    run = _runner(python, work)
+    where = run("-c", "import bench, ci, nsa; print(bench.__file__); print(ci.__file__); print(nsa.__file__)")
+    assert where.returncode == 0, where.stderr
+    assert all(p.startswith(str(source)) for p in where.stdout.split()), where.stdout
+    piped = run("-m", "ci", "pipeline", "--results", "results.json", "--dry-run")
+    assert piped.returncode == 0, piped.stdout + piped.stderr
+    for stage in ("decide", "history", "report", "pr"):
+        assert re.search(rf"^  {stage} +ok ", piped.stdout, re.M), piped.stdout
+    assert json.loads((work / "out" / "pr" / "pr.json").read_text())["outcome"] == "dry-run"
+    assert (work / "out" / "report" / "report.md").is_file()
