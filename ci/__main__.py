@@ -21,6 +21,9 @@ from ci.args import InputError, check_out_dir, check_out_file, check_yaml_file, 
 # subcommand runs: `guard` must work on a runner before anything is installed.
 EXIT_BAD_INPUT = 2
 CONFIG_FIX = "pass --config configs/base.yaml"
+# What the `pipeline` extra installs (pyproject.toml), by import name: without them a stage cannot run.
+PIPELINE_MODULES = ("numpy", "jinja2", "matplotlib", "github", "ruamel", "requests", "yaml")
+PIPELINE_FIX = 'run `pip install -e ".[pipeline]"` in the checkout (`make setup` does, with the dev tools)'
 CONFIG_FIXES = {"NSA_CONFIG": "set NSA_CONFIG to a config file, or unset it for the default",
                 "the default config": "restore configs/base.yaml, or reinstall the package"}
 
@@ -168,9 +171,15 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(stages=argv[:1] != ["guard"]).parse_args(argv)
     try:
+        args = build_parser(stages=argv[:1] != ["guard"]).parse_args(argv)
         return args.run(args)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in PIPELINE_MODULES:
+            raise
+        print(f"error: the pipeline needs the module {exc.name}, which is not installed; {PIPELINE_FIX}",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     except Exception as exc:
         if not isinstance(exc, _bad_input_errors()):
             raise

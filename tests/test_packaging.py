@@ -1,15 +1,21 @@
-"""An installed package carries its defaults (hardening issue, item 9), and runs the pipeline from
-any folder (issue 34, item 4).
+"""An installed package carries its defaults (hardening issue, item 9), and the two installs (issue 34,
+items 4 and 12).
 
 `pip install .` must ship configs/base.yaml and templates/*.j2 (as nsa/_data/), and
 `nsa.resources` must find them when the package runs outside a checkout; in a checkout it finds
 the checkout's own files. Every `ci` stage reads that default (or $NSA_CONFIG, or --config) from
-any folder. The wheel test builds from a copy of the tracked files, installs the wheel with
-`--no-deps --target` (no download, no torch) and runs `ci decide` and `ci report` from another
-folder with only that copy importable. The pipeline test installs the copy as `pip install -e`
-does into a fresh venv (built with this venv's setuptools, installed with `--no-deps`; a .pth
-line then lets it see this venv's site-packages, torch included, without running their .pth
-files, so this venv's own editable install stays out) and runs `ci pipeline` from another folder.
+any folder.
+
+Two installs, each tested in a fresh venv outside the checkout, run from another folder:
+- the library, `pip install .`: the wheel carries `nsa` alone (no top-level `bench` or `ci`) and
+  requires only torch and PyYAML;
+- the pipeline, `pip install -e ".[pipeline]"` (what `make setup` does, with `dev`): the checkout's
+  `nsa`, `bench` and `ci`, so that `python -m ci pipeline` runs from anywhere.
+Both wheels are built from a copy of the tracked files with the venv's setuptools (no build
+isolation, no download) and installed with `--no-deps`; the fresh venv then sees this venv's
+site-packages through a .pth line (torch and the rest without a download), which adds those
+folders to sys.path but runs none of their .pth files: this venv's editable install of the
+checkout stays out.
 """
 
 from __future__ import annotations
@@ -199,48 +205,44 @@ def _runner(python: Path, work: Path) -> Callable[..., subprocess.CompletedProce
     return run
 
 
-def test_the_wheel_carries_the_config_and_templates(wheel: Path) -> None:
+def test_the_wheel_carries_nsa_alone_with_its_config_and_templates(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         assert zf.read("nsa/_data/base.yaml") == (REPO / "configs" / "base.yaml").read_bytes()
         for template in (REPO / "templates").glob("*.j2"):
             assert zf.read(f"nsa/_data/templates/{template.name}") == template.read_bytes()
-    assert "nsa/resources.py" in names and "ci/__main__.py" in names
+        meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        requires = [line.split(":", 1)[1].strip() for line in zf.read(meta).decode().splitlines()
+                    if line.startswith("Requires-Dist:")]
+    assert "nsa/resources.py" in names
+    # No generic top-level names beside nsa: bench/ and ci/ stay in the checkout (the pipeline install).
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"nsa"}
+    always = sorted(re.split(r"[<>=!~ ;\[]", r, maxsplit=1)[0].lower() for r in requires if "extra ==" not in r)
+    assert always == ["pyyaml", "torch"], requires
+    pipeline = {re.split(r"[<>=!~ ;\[]", r, maxsplit=1)[0].lower() for r in requires if 'extra == "pipeline"' in r}
+    assert {"pygithub", "ruamel.yaml", "matplotlib", "jinja2", "numpy"} <= pipeline, requires
 
 
-def test_an_installed_package_decides_and_reports_from_another_folder(wheel: Path, tmp_path: Path) -> None:
-    site = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
-                           str(site), str(wheel)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_the_library_install_imports_nsa_with_its_packaged_config_and_nothing_else(wheel: Path,
+                                                                                   tmp_path: Path) -> None:
+    python = _fresh_venv(tmp_path / "venv", wheel)
     work = tmp_path / "elsewhere"
     work.mkdir()
-    results.dump(fx.document(fx.sweep("sliding", {1024: 2.0, 2048: 2.0})), work / "results.json")
-    # The installed copy, not this checkout (nor the editable install of the venv), must answer.
-    env = {**os.environ, "PYTHONPATH": str(site), "NSA_CONFIG": ""}
-
-    def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, *argv], cwd=work, env=env, capture_output=True, text=True, timeout=300)
-
-    where = run("-c", "import ci, nsa.resources as r; print(ci.__file__); print(r.default_config_path()); "
-                      "print(r.templates_dir())")
+    run = _runner(python, work)
+    where = run("-c", "import importlib.util as u, nsa, nsa.resources as r; print(nsa.__file__); "
+                      "print(r.default_config_path()); print(r.templates_dir()); "
+                      "print([n for n in ('bench', 'ci') if u.find_spec(n)])")
     assert where.returncode == 0, where.stderr
-    lines = where.stdout.split()
-    assert all(line.startswith(str(site)) for line in lines), lines
-    # Dispatch reads the packaged defaults through the one loader (torch's CPU build is installed
-    # here; NSA_PROFILE keeps the call off CUDA queries).
+    *paths, found = where.stdout.strip().splitlines()
+    assert all(p.startswith(str(tmp_path / "venv")) for p in paths), paths
+    assert found == "[]", "bench and ci must not be installed by the library"
+    # Dispatch reads the packaged defaults through the one loader (NSA_PROFILE keeps it off CUDA queries).
     thresholds = run("-c", "import os; os.environ['NSA_PROFILE'] = 'sm90'; from nsa import dispatch, settings; "
                            "print(settings.default_path()); t = dispatch.thresholds(); "
                            "print(t.lookup('triton_min_len_sel', 'g16'))")
     assert thresholds.returncode == 0, thresholds.stderr
     path_line, value_line = thresholds.stdout.strip().splitlines()[-2:]
-    assert path_line.startswith(str(site)) and "base.yaml:profiles.sm90.triton_min_len_sel" in value_line
-    decided = run("-m", "ci", "decide", "--results", "results.json", "--out", "decision.json")
-    assert decided.returncode == 0, decided.stderr
-    assert json.loads((work / "decision.json").read_text())["schema"] == "nsa-decision/2"
-    reported = run("-m", "ci", "report", "--decision", "decision.json", "--out-dir", "report")
-    assert reported.returncode == 0, reported.stderr
-    assert (work / "report" / "report.md").is_file()
+    assert path_line.startswith(str(tmp_path / "venv")) and "base.yaml:profiles.sm90.triton_min_len_sel" in value_line
 
 
 def test_the_pipeline_install_runs_the_pipeline_from_another_folder(editable_wheel: Path, source: Path,
@@ -259,3 +261,14 @@ def test_the_pipeline_install_runs_the_pipeline_from_another_folder(editable_whe
         assert re.search(rf"^  {stage} +ok ", piped.stdout, re.M), piped.stdout
     assert json.loads((work / "out" / "pr" / "pr.json").read_text())["outcome"] == "dry-run"
     assert (work / "out" / "report" / "report.md").is_file()
+
+
+def test_a_stage_without_the_pipeline_extra_names_the_install_in_one_line(tmp_path: Path) -> None:
+    # As `pip install -e .` without the extra: numpy missing (None in sys.modules blocks the import).
+    code = ("import sys; sys.modules['numpy'] = None; from ci.__main__ import main; "
+            "sys.exit(main(['decide', '--results', 'results.json']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "numpy" in proc.stderr and 'pip install -e ".[pipeline]"' in proc.stderr, \
+        proc.stderr
+
