@@ -15,11 +15,13 @@ GPU_WORKFLOW := .github/workflows/gpu-bench.yml
 
 .PHONY: setup ci-env test test-gpu test-gpu-smoke test-fa2-parity lint pipeline gpu-bench clean
 
-$(VENV)/.installed: pyproject.toml
+# Editable, with the pipeline's dependencies and the tools: an editable install is what maps bench/
+# and ci/ besides nsa/ (setup.py); `pip install .` ships the nsa library alone.
+$(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(TORCH_SPEC),$(PY) -m pip install -q $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)")
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[pipeline,dev]"
 	touch $@
 
 setup: $(VENV)/.installed

@@ -1,8 +1,17 @@
-"""Setuptools hook: ship configs/base.yaml and templates/*.j2 inside the wheel as nsa/_data/.
+"""Setuptools hooks: the defaults inside the wheel, and the pipeline's packages in an editable install.
 
-The checkout keeps one copy of each file where people edit it; a build copies them into the
-package so that `pip install .` carries the defaults (nsa.resources finds them). Metadata lives in
-pyproject.toml; MANIFEST.in puts the sources of these copies into the sdist.
+1. Ship configs/base.yaml and templates/*.j2 inside the wheel as nsa/_data/. The checkout keeps
+   one copy of each file where people edit it; a build copies them into the package so that
+   `pip install .` carries the defaults (nsa.resources finds them). MANIFEST.in puts the sources
+   of these copies into the sdist.
+2. `pip install .` (a wheel, an sdist) carries the library alone: the nsa package
+   (pyproject.toml, `packages.find`), never top-level `bench` or `ci`, generic names that would
+   collide with other projects' modules. The benchmark pipeline runs from a checkout:
+   `pip install -e ".[pipeline]"` (`make setup`) maps the checkout's bench/ and ci/ as well, so
+   `python -m ci` and `python -m bench` work from any folder. An editable install is the only
+   build that adds them: what a wheel contains never depends on the environment or on an extra.
+
+Metadata lives in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -10,11 +19,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_namespace_packages, setup
 from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
 
 ROOT = Path(__file__).resolve().parent
 PACKAGE_DATA = "nsa/_data"
+PIPELINE_PACKAGES = ["bench", "bench.*", "ci", "ci.*"]  # as pyproject.toml's `packages.find` would find them
 
 
 def data_files() -> dict[str, str]:
@@ -37,4 +48,14 @@ class BuildPyWithData(build_py):
             shutil.copyfile(ROOT / src, target)
 
 
-setup(cmdclass={"build_py": BuildPyWithData})
+class EditableWithPipeline(editable_wheel):
+    """editable_wheel, with the checkout's pipeline packages (bench, ci) mapped beside nsa."""
+
+    def run(self) -> None:
+        found = find_namespace_packages(where=str(ROOT), include=PIPELINE_PACKAGES)
+        self.distribution.packages = [*self.distribution.packages, *(p for p in found
+                                                                      if p not in self.distribution.packages)]
+        super().run()
+
+
+setup(cmdclass={"build_py": BuildPyWithData, "editable_wheel": EditableWithPipeline})

@@ -14,7 +14,6 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from ci import guard
 from ci.args import (
@@ -30,6 +29,11 @@ from ci.args import (
 # subcommand runs: `guard` must work on a runner before anything is installed.
 EXIT_BAD_INPUT = 2
 CONFIG_FIX = "pass --config configs/base.yaml"
+# What the `pipeline` extra installs (pyproject.toml), by import name: without them a stage cannot run.
+PIPELINE_MODULES = ("numpy", "jinja2", "matplotlib", "github", "ruamel", "requests", "yaml")
+PIPELINE_FIX = 'run `pip install -e ".[pipeline]"` in the checkout (`make setup` does, with the dev tools)'
+CONFIG_FIXES = {"NSA_CONFIG": "set NSA_CONFIG to a config file, or unset it for the default",
+                "the default config": "restore configs/base.yaml, or reinstall the package"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,8 @@ def _decide_args(p: argparse.ArgumentParser) -> None:
                    help="results files of one GPU architecture (shards of one run; case ids must be unique)")
     p.add_argument("--config", default=None,
                    help="config with nsa grid, decide.margin/confidence and current thresholds "
-                        "(default: configs/base.yaml of the checkout, else the copy installed with the package)")
+                        "(default: $NSA_CONFIG when set, else configs/base.yaml of the checkout, else the copy "
+                        "installed with the package)")
     p.add_argument("--margin", type=parse_margin, default=None,
                    help="speedup the CI lower bound must clear to adopt a candidate (FA-2, Triton); empty or absent: the "
                         "config's decide.margin")
@@ -65,9 +70,11 @@ def _decide_args(p: argparse.ArgumentParser) -> None:
 
 def _decide_run(args: argparse.Namespace) -> int:
     from ci import decide
+    from nsa.settings import config_source
 
-    config = args.config or str(default_config())
-    check_yaml_file(config, "--config", CONFIG_FIX)
+    path, source = config_source(args.config)
+    config = str(path)
+    check_yaml_file(config, source, CONFIG_FIXES.get(source, CONFIG_FIX))
     check_out_file(args.out, "--out")
     doc = decide.decide_files(args.results, config, args.margin)
     decide.write_decision(doc, args.out)
@@ -155,13 +162,6 @@ def build_parser(stages: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-def default_config() -> Path:
-    """configs/base.yaml of this checkout, else the copy installed with the package."""
-    from nsa.resources import default_config_path
-
-    return default_config_path()
-
-
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
     """The exception types that mean bad input (exit 2), from the stage modules loaded so far.
 
@@ -179,9 +179,15 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(stages=argv[:1] != ["guard"]).parse_args(argv)
     try:
+        args = build_parser(stages=argv[:1] != ["guard"]).parse_args(argv)
         return args.run(args)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] not in PIPELINE_MODULES:
+            raise
+        print(f"error: the pipeline needs the module {exc.name}, which is not installed; {PIPELINE_FIX}",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     except Exception as exc:
         # A file-system fault (a full disk, `ulimit -f`, a folder that cannot be written) is bad input
         # too: one line with the path and the fix, not a traceback.

@@ -35,10 +35,10 @@ decision, history, issue, trends and history.json are all written first, so the 
 steps still run after it: let them run on this step's `history` output, and fail the job at the
 end); 1 GitHub could not be reached or refused.
 
-Environment: NSA_HISTORY_DIR (as --history-dir when that is absent; empty: unset), GITHUB_TOKEN or
-GH_TOKEN, GITHUB_REPOSITORY (owner/name), GITHUB_API_URL (default
-https://api.github.com), NSA_PR_DRY_RUN (true: as --dry-run), GITHUB_SERVER_URL and GITHUB_RUN_ID
-(link the issue to the run), GITHUB_OUTPUT. The branch needs `contents: write`, the issue
+Environment: NSA_CONFIG (as --config when that is absent; empty: unset), NSA_HISTORY_DIR (as
+--history-dir when that is absent; empty: unset), GITHUB_TOKEN or GH_TOKEN, GITHUB_REPOSITORY
+(owner/name), GITHUB_API_URL (default https://api.github.com), NSA_PR_DRY_RUN (true: as
+--dry-run), GITHUB_SERVER_URL and GITHUB_RUN_ID (link the issue to the run), GITHUB_OUTPUT. The branch needs `contents: write`, the issue
 `issues: write`.
 """
 
@@ -77,9 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the run's results files, as passed to `ci decide` (one GPU model)")
     p.add_argument("--decision", default="out/decision.json",
                    help="decision file of `ci decide` for these results; rewritten in place (default: %(default)s)")
-    p.add_argument("--config", default="configs/base.yaml",
+    p.add_argument("--config", default=None,
                    help="config with decide.history_runs, history_keep, regression_margin and time_floor_ms "
-                        "(default: %(default)s)")
+                        "(default: $NSA_CONFIG when set, else configs/base.yaml of the checkout, else the copy "
+                        "installed with the package)")
     p.add_argument("--history-dir", default=None, metavar="DIR",
                    help="keep history in DIR/history/<gpu>/ instead of the nsa-history branch "
                         f"(default: ${HISTORY_DIR_ENV} when set and not empty)")
@@ -338,7 +339,7 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
         print(line, file=err)
 
     # 1. Inputs: nothing is written until all of them are good.
-    cfg = settings.load(args.config)
+    cfg = settings.load(settings.config_source(args.config)[0])
     k, keep = int(cfg.decide["history_runs"]), int(cfg.decide["history_keep"])
     margin, confidence = float(cfg.decide["regression_margin"]), float(cfg.decide["confidence"])
     floor = float(cfg.decide["time_floor_ms"])

@@ -101,7 +101,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", nargs="+", metavar="RESULTS.json",
                    help="skip the sweep and decide on these results files (shards of one run)")
     p.add_argument("--config", default=None,
-                   help="config to decide against (default: configs/base.yaml of the checkout, else the installed copy)")
+                   help="config to decide against (default: $NSA_CONFIG when set, else configs/base.yaml of the "
+                        "checkout, else the installed copy)")
     p.add_argument("--margin", type=parse_margin, default=None,
                    help="speedup the interval's lower bound must clear (default: the config's decide.margin)")
     p.add_argument("--previous", default=None, help="previous results or decision file for the report")

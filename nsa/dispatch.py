@@ -192,8 +192,7 @@ def _named_profile() -> str | None:
 
 
 def _load(profile: str) -> Thresholds:
-    path = _cli_overrides.get("config") or os.environ.get("NSA_CONFIG") or None
-    config = settings.load(path)
+    config = settings.load(settings.config_source(_cli_overrides.get("config"))[0])
     named = _named_profile()
     if named is not None and profile not in config.profiles:
         # A name the config lacks reads `runtime` alone: with the shipped config every key at -1,

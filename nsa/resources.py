@@ -3,7 +3,7 @@
 A checkout keeps one copy of each (`configs/base.yaml`, `templates/*.j2`); building a wheel copies
 them into `nsa/_data/` (setup.py), so that an installed package carries its defaults. The checkout
 wins when both exist, so editing `configs/base.yaml` in a checkout takes effect at once.
-`NSA_CONFIG` overrides the config in the readers (nsa.dispatch), not here. Standard library only:
+`NSA_CONFIG` overrides the config in the readers (nsa.settings.config_source), not here. Standard library only:
 `ci/` uses it without importing torch.
 """
 

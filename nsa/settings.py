@@ -14,6 +14,7 @@ force for (profile, class) is the profile's entry, else `runtime`'s, else -1.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ import yaml
 from nsa import keys
 from nsa.config import MAX_SEL_COUNT
 
+CONFIG_ENV = "NSA_CONFIG"  # another config file instead of the default (config_source)
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "base.yaml"  # a checkout's
 
 Value = int | dict[str, int]
@@ -130,6 +132,19 @@ def default_path() -> Path:
         return resources.default_config_path()
     except FileNotFoundError as exc:
         raise SettingsError(str(exc)) from None
+
+
+def config_source(path: str | os.PathLike[str] | None = None) -> tuple[Path, str]:
+    """The config a reader uses and what chose it, one rule for nsa.dispatch and every `ci` stage:
+    `path` (a --config value or an override in code) when given, else $NSA_CONFIG when set and not
+    empty, else `default_path()` (the checkout's configs/base.yaml, else the installed copy; never a
+    path relative to the working directory)."""
+    if path:
+        return Path(path), "--config"
+    env = os.environ.get(CONFIG_ENV)
+    if env:
+        return Path(env), CONFIG_ENV
+    return default_path(), "the default config"
 
 
 def load(path: str | Path | None = None) -> Settings:
