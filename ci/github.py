@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 from github import Auth, Github, GithubException, GithubRetry, InputGitTreeElement
@@ -30,9 +31,11 @@ from github.GithubException import RateLimitExceededExceedsMaxWait
 from github.GitRef import GitRef
 from github.PullRequest import PullRequest
 from github.Repository import Repository
+from urllib3.exceptions import ConnectTimeoutError
+from urllib3.util.retry import Retry
 
 from ci.config_edit import ConfigEditError, edit_thresholds, unified_diff
-from ci.github_call import branch_ref
+from ci.github_call import branch_ref, post_comment
 from ci.github_errors import GitHubError, Secret, explain
 from ci.pr_plan import PrPlan, keep_unmeasured
 
@@ -74,9 +77,15 @@ class Result:
 
 def target_from_env(env: Mapping[str, str]) -> Target | None:
     """The target from ``GITHUB_API_URL``, ``GITHUB_REPOSITORY`` and ``GITHUB_TOKEN``/``GH_TOKEN``; None without a token."""
-    token = env.get("GITHUB_TOKEN") or env.get("GH_TOKEN") or ""
+    # A token pasted or read from a file often ends in a line break, which requests refuses to send
+    # in a header (and which read as "could not reach GitHub"); whitespace is never part of a token.
+    var = next((v for v in ("GITHUB_TOKEN", "GH_TOKEN") if (env.get(v) or "").strip()), "")
+    token = (env.get(var) or "").strip() if var else ""
     if not token:
         return None
+    if any(ch.isspace() or not ch.isprintable() for ch in token):
+        raise GitHubError(f"{var} must be one token, got a value with a line break, space or control character "
+                          "inside it; set it to the token alone (one line, e.g. the secret NSA_BOT_TOKEN)")
     repository = env.get("GITHUB_REPOSITORY", "")
     owner, _, name = repository.partition("/")
     if not owner or not name or "/" in name:
@@ -111,6 +120,19 @@ class CappedRetry(GithubRetry):
         retry = super().new(**kwargs)
         retry.log = self.log
         return retry
+
+    def increment(self, method: str | None = None, url: str | None = None, response: Any = None,
+                  error: Exception | None = None, _pool: Any = None, _stacktrace: Any = None) -> Retry:
+        """As GithubRetry, except that a comment POST is never repeated after a 5xx or a lost answer:
+        GitHub may have posted it, and `ci.github_call.post_comment` reads the comments before posting
+        again. A refused connection or a rate limit (nothing was posted) is still retried."""
+        if method == "POST" and urlsplit(url or "").path.endswith("/comments"):
+            if response is not None and response.status >= 500:
+                raise GithubException(response.status, {"message": response.reason or "server error"},
+                                      dict(response.headers or {}))
+            if error is not None and not isinstance(error, ConnectTimeoutError):
+                raise error
+        return super().increment(method, url, response, error, _pool, _stacktrace)
 
     def sleep(self, response: Any = None) -> None:
         wait, why = None, "backoff"
@@ -270,8 +292,9 @@ def _create_pull(s: _Session, repo: Repository, plan: PrPlan, base: str, body: s
 
 def _close(s: _Session, pr: PullRequest, why: str) -> None:
     try:
-        with s.call("POST", f"/issues/{pr.number}/comments"):
-            pr.create_issue_comment(why)
+        # `why` is its own marker: after a failed POST, a comment with this text means GitHub posted it.
+        post_comment(s.call, f"/issues/{pr.number}/comments", why,
+                     lambda: [c.body for c in pr.get_issue_comments()], lambda: pr.create_issue_comment(why), s.log)
     except GitHubError as exc:
         s.log(f"warning: no closing comment on PR #{pr.number}: {exc}")
     with s.call("PATCH", f"/pulls/{pr.number}"):

@@ -8,7 +8,7 @@ issue ``issues: write``, and the generic advice would name the PR's permission i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
@@ -17,7 +17,7 @@ from github import GithubException
 
 from ci.github_errors import GitHubError, Secret, explain, is_locked
 
-__all__ = ["Caller", "GitHubError"]
+__all__ = ["Caller", "GitHubError", "post_comment"]
 
 
 @dataclass(frozen=True)
@@ -55,3 +55,31 @@ def branch_ref(call: Callable[[str, str], AbstractContextManager[None]], repo, b
         if exc.status == 404:
             return None
         raise
+
+
+def post_comment(call: Callable[[str, str], AbstractContextManager[None]], path: str, marker: str,
+                 bodies: Callable[[], Iterable[str | None]], post: Callable[[], object],
+                 log: Callable[[str], None]) -> None:
+    """Post a comment whose text holds ``marker`` once, even when GitHub answers a 5xx after posting it.
+
+    A comment POST is not idempotent: GitHub may carry it out and still answer 502 (or drop the
+    connection), and a blind retry posts it twice. ``ci.github.CappedRetry`` therefore never repeats
+    one; here a POST that failed without a definite answer (a 5xx, no answer) is followed by reading
+    the comments (``bodies``) again, and the comment is posted once more only when none holds
+    ``marker``. ``path`` names the comments for ``call``'s one-line errors.
+    """
+    try:
+        with call("POST", path):
+            post()
+        return
+    except GitHubError as exc:
+        if exc.status is not None and exc.status < 500:
+            raise
+        first = exc
+    with call("GET", path):
+        if any(marker in (body or "") for body in bodies()):
+            log(f"the comment on {path} is already there although GitHub answered "
+                f"{first.status or 'nothing'}; not posting it again")
+            return
+    with call("POST", path):
+        post()

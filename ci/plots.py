@@ -14,8 +14,8 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from nsa import keys  # noqa: E402
 
-# "sliding branch, FA-2 (win)": one title per key declared in nsa.keys, so a new key gets one too.
-BRANCH_TITLES = {k.decision_id: f"{k.op} branch, {k.label} ({k.decision_id})" for k in keys.KEYS}
+# (op, candidate label, candidate backends) per key declared in nsa.keys, so a new key gets a plot title too.
+BRANCH_LABELS = {k.decision_id: (k.op, k.label, tuple(k.candidates)) for k in keys.KEYS}
 GRID_LABELS = {"sliding": (("w", "window"),), "compressed": (("l", "block"), ("d", "stride")),
                "selected": (("l", "block"), ("d", "stride"), ("l'", "sel_block"), ("n", "sel_count"))}
 
@@ -26,6 +26,17 @@ def series_label(cell: Mapping[str, Any]) -> str:
     grid = ",".join(f"{label}={p.get(key)}" for label, key in GRID_LABELS.get(cell["op"], ()))
     return (f"{cell['candidate_backend']} {grid} B{p.get('B')} Hq{p.get('Hq')}/Hkv{p.get('Hkv')} "
             f"D{p.get('Dk')} {p.get('dtype')}")
+
+
+def plot_title(branch: str, backends: Iterable[str]) -> str:
+    """What the plot shows: the backends it draws, and, when none of them is a candidate of the key
+    (a CPU run: flex only, reported), that the key's own candidates are not in it."""
+    op, label, candidates = BRANCH_LABELS.get(branch, (branch, "", ()))
+    shown = sorted(set(backends))
+    text = f"{op} branch ({branch}): {', '.join(shown)} over masked SDPA"
+    if label and not set(shown) & set(candidates):
+        return f"{text}, reported only (no {label} cell was timed)"
+    return text
 
 
 def plot_branch(cells: Iterable[Mapping[str, Any]], branch: str, margin: float, path: Path) -> Path | None:
@@ -61,11 +72,12 @@ def plot_branch(cells: Iterable[Mapping[str, Any]], branch: str, margin: float, 
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xlabel("sequence length T (tokens)")
     ax.set_ylabel("speedup = SDPA / candidate")
-    ax.set_title(f"{BRANCH_TITLES.get(branch, branch)}: speedup over masked SDPA")
+    title = plot_title(branch, (series[label][0]["candidate_backend"] for label in series))
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata={"Title": title})
     plt.close(fig)
     return path

@@ -7,7 +7,9 @@ title, labels, body limit and committed paths be tested without a server.
 from __future__ import annotations
 
 import copy
+import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,10 +145,37 @@ def load_report(report_dir: str | Path, profile: str) -> tuple[str, tuple[Report
             "run `python -m ci report` first and pass its output folder"
         )
     names = [REPORT_NAME] + sorted(
-        p.name for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PLOT_SUFFIXES
+        p.name for p in folder.iterdir() if p.name != REPORT_NAME and p.suffix.lower() in PLOT_SUFFIXES
     )
-    files = tuple(ReportFile(f"reports/{profile}/{n}", (folder / n).read_bytes()) for n in names)
-    return report.read_text(encoding="utf-8"), files
+    files = tuple(ReportFile(f"reports/{profile}/{n}", _read_regular(folder / n)) for n in names)
+    return files[0].content.decode("utf-8"), files
+
+
+def _read_regular(path: Path) -> bytes:
+    """The bytes of ``path``, a regular file of the report folder itself: a symlink (to
+    /proc/self/environ, which holds the token, say), a FIFO, a device or a folder is refused, since
+    whatever it reads would be committed to a public branch. ``O_NOFOLLOW`` refuses a symlink at the
+    open itself, so nothing can swap the file for a link between a check and the read."""
+    refused = (
+        f"--report-dir must hold only regular files, got {str(path)!r} as {{what}}; the publisher follows "
+        "no links, so delete it and rerun `python -m ci report` to write the folder anew"
+    )
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    if path.is_symlink():
+        raise PlanError(refused.format(what=f"a symlink to {os.readlink(path)!r}"))
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if path.is_symlink():  # made a link after the check above: O_NOFOLLOW refused it
+            raise PlanError(refused.format(what="a symlink")) from None
+        raise PlanError(f"--report-dir must hold readable files, got {str(path)!r} ({exc.strerror}); rerun "
+                        "`python -m ci report` to write the folder anew") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise PlanError(refused.format(what="a folder" if stat.S_ISDIR(mode) else "a special file"))
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
 
 
 def _branches(decision: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

@@ -29,6 +29,7 @@ TEMPLATES = templates_dir()  # the checkout's templates/, else the copies instal
 SUMMARY_LIMIT = 1024 * 1024  # GitHub rejects a step summary above 1 MiB
 SUMMARY_FAILURES = 5
 METHOD_KEYS = ("timer", "statistic", "warmup_ms", "warmup", "rep_ms", "rep", "interleaved", "l2_flush")
+CLASS_SHOWN = ("current", "current_source", "measured", "proposed", "changed", "reason")  # a class row's cells
 RUN_SHOWN = ("file", "id", "created_at", "git_sha", "command", "method")
 
 
@@ -116,8 +117,40 @@ def _branch_rows(decision: Mapping[str, Any], branch: str) -> list[dict[str, Any
 
 
 def _class_rows(branch: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One row per class of a key (empty for decision files from before the classes)."""
-    return [{**e, "cls": cls} for cls, e in (branch.get("classes") or {}).items()]
+    """One row per class of a key (empty for decision files from before the classes); classes whose
+    rows say the same (a CPU run: every class kept for the one reason) share one row, `g1, g2, ...`."""
+    rows: list[dict[str, Any]] = []
+    for cls, e in (branch.get("classes") or {}).items():
+        if rows and all(rows[-1].get(k) == e.get(k) for k in CLASS_SHOWN):
+            rows[-1]["cls"] += f", {cls}"
+        else:
+            rows.append({**e, "cls": cls})
+    return rows
+
+
+def _reason_rows(decision: Mapping[str, Any]) -> list[dict[str, str]]:
+    """The branches' reasons, branches with the same reason named together (`triton_win, triton_cmp`)."""
+    rows: dict[str, list[str]] = {}
+    for name, b in decision["branches"].items():
+        rows.setdefault(b["reason"], []).append(name)
+    return [{"names": ", ".join(names), "reason": reason} for reason, names in rows.items()]
+
+
+def _fmt_dispatch(dispatch: Any) -> str:
+    """A run's `dispatch` record in one short line: each key's value as the config writes it (one int
+    when every class agrees), and where the values came from once, not per class and key."""
+    try:
+        found, origins = [], set()
+        for key, per_class in dispatch["keys"].items():
+            by_class = {c: e["value"] for c, e in per_class.items()}
+            same = len(set(by_class.values())) == 1
+            found.append(f"{key}={next(iter(by_class.values())) if same else values.text(by_class)}")
+            for cls, e in per_class.items():
+                origins.add(str(e["source"]).removesuffix(f".{cls}").removesuffix(f".{key}"))
+        head = [f"{k}={_fmt_value(v)}" for k, v in dispatch.items() if k != "keys"]
+    except (AttributeError, KeyError, TypeError, ValueError):  # a record of another shape: shown whole
+        return _fmt_value(dispatch)
+    return ", ".join(head + [f"keys from {'; '.join(sorted(origins))}: {', '.join(found)}"])
 
 
 def _auto_vs_best(decision: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -229,13 +262,15 @@ def context(decision: Mapping[str, Any], previous: Mapping[str, Any] | None = No
         "d": decision,
         "machine_rows": _machine_rows(decision["machine"]),
         "runs": [{**run, "method_rows": _method_rows(run),
-                  "extra_rows": [(k, _fmt_value(v)) for k, v in run.items() if k not in RUN_SHOWN]}
+                  "extra_rows": [(k, _fmt_dispatch(v) if k == "dispatch" else _fmt_value(v))
+                                 for k, v in run.items() if k not in RUN_SHOWN]}
                  for run in decision["runs"]],
         "failed_cells": failed_cells,
         "other_failures": [f for f in decision["failures"] if f["id"] not in in_failed_cells],
         "branch_cells": branch_cells,
         "length_rows": {n: _length_rows(b, cells_by_id) for n, b in decision["branches"].items()},
         "class_rows": {n: _class_rows(b) for n, b in decision["branches"].items()},
+        "reason_rows": _reason_rows(decision),
         "auto_vs_best": _auto_vs_best(decision),
         "other_cells": [_row(c) for c in decision["cells"] if c["id"] not in shown],
         "parity_failed": [p for p in decision["parity"] if not p["passed"]],
@@ -303,6 +338,11 @@ def load_previous(path: str | os.PathLike[str]) -> dict[str, Any]:
     doc = _read_json(path, "previous run")
     if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
         return doc
+    if isinstance(doc, dict) and (str(doc.get("schema", "")).startswith("nsa-decision") or "branches" in doc):
+        # Not a results file with hundreds of problems: a decision file this version cannot compare with.
+        raise ReportError(f"previous run {path} is a decision file of schema {doc.get('schema')!r}, and --previous "
+                          f"reads schema {SCHEMA!r} or a results file; pass that run's results.json instead, or "
+                          "rerun `python -m ci decide` on it")
     try:
         return results.check(doc, str(path))
     except results.ResultsError as exc:
@@ -317,7 +357,13 @@ def trend_pngs(trends_dir: str | os.PathLike[str] | None) -> list[Path]:
     if folder.exists() and not folder.is_dir():
         raise ReportError(f"--trends must be a folder, got the file {str(folder)!r}; pass `ci history`'s "
                           "--out-dir followed by /trends")
-    return sorted(folder.glob("trend_*.png")) if folder.is_dir() else []
+    found = sorted(folder.glob("trend_*.png")) if folder.is_dir() else []
+    for png in found:  # copied into the report, which is published: a link would publish what it points at
+        if png.is_symlink() or not png.is_file():
+            raise ReportError(f"--trends must hold regular files, got {str(png)!r} as a "
+                              f"{'symlink' if png.is_symlink() else 'special file or folder'}; delete it and "
+                              "rerun `python -m ci history` to draw the charts anew")
+    return found
 
 
 def write_report(decision_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],

@@ -27,7 +27,7 @@ from github import Github
 from github.Issue import Issue
 from github.Repository import Repository
 
-from ci.github_call import Caller, GitHubError
+from ci.github_call import Caller, GitHubError, post_comment
 from ci.github_errors import Secret
 from ci.history import gpu_slug
 from ci.pr_plan import safe_name
@@ -135,8 +135,9 @@ class _Tracker:
         with self.caller.call("GET", f"/issues/{issue.number}/comments"):
             if any(plan.marker in (c.body or "") for c in issue.get_comments()):
                 return
-        with self.caller.call("POST", f"/issues/{issue.number}/comments"):
-            issue.create_comment(plan.comment)
+        post_comment(self.caller.call, f"/issues/{issue.number}/comments", plan.marker,
+                     lambda: [c.body for c in issue.get_comments()], lambda: issue.create_comment(plan.comment),
+                     self.log)
 
     def close(self, issue: Issue, plan: IssuePlan) -> None:
         self.comment_once(issue, plan)

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Keep one ephemeral self-hosted GPU runner registered: register with --ephemeral (GitHub gives the
 # runner exactly one job, then removes its registration), run that job, wipe the work folder, and
-# register again. No job ever sees another job's files, and a runner never outlives its one job.
+# register again. No job sees the work folder of another, and a runner never outlives its one job.
+# Caches a job writes under the runner user's $HOME (Triton's kernels in ~/.triton, pip's wheels
+# and torch's and Triton's files in ~/.cache, CUDA's JIT cache in ~/.nv/ComputeCache) are wiped with
+# it, so no job can leave a compiled kernel or a wheel for the next one. Other files under $HOME
+# (~/.local, shell startup files) are not: the runner user must own nothing else, as the README says.
 #
 # README "Security: the self-hosted GPU runner" says which settings must be in place first (the
 # runner group limited to this repository and to gpu-bench.yml on the default branch, approval for
@@ -35,6 +39,12 @@ X-GitHub-Api-Version: 2022-11-28
 HEADERS
 }
 
+# What a job may leave behind: its work folder and the caches under $HOME (see the header).
+wipe_job_files() {
+  rm -rf ./_work "${HOME:?}/.triton" "${HOME:?}/.cache" "${HOME:?}/.nv/ComputeCache"
+}
+
+wipe_job_files # also what a job left before this script last stopped
 while true; do
   # Registration tokens expire after an hour: fetch a fresh one for every registration.
   token="$(registration_token)"
@@ -45,6 +55,6 @@ while true; do
   unset token
   ./run.sh || echo "gpu-runner.sh: run.sh exited $?; registering again" >&2
   # An ephemeral registration ends with its job, but the host keeps the files: wipe them.
-  rm -rf ./_work
+  wipe_job_files
   sleep 5
 done

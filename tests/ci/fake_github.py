@@ -469,6 +469,11 @@ def _route(fake: FakeGitHub, method: str, path: str, query: dict[str, str], body
                 if k in body:
                     setattr(pull, k, body[k])
         return 200, fake.pull_json(pull)
+    if (m := re.fullmatch(r"/issues/(\d+)/comments", rest)) and method == "GET" and int(m[1]) in fake.pulls:
+        return 200, [
+            {"id": k + 1, "body": c, "url": fake.url(f"/issues/comments/{m[1]}{k}")}
+            for k, c in enumerate(fake.pulls[int(m[1])].comments)
+        ]
     if (m := re.fullmatch(r"/issues/(\d+)/comments", rest)) and method == "POST" and int(m[1]) in fake.pulls:
         fake.pulls[int(m[1])].comments.append(body["body"])
         return 201, {

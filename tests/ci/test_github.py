@@ -77,6 +77,7 @@ class Runner:
         self.retry: Any = GithubRetry(total=2, backoff_factor=0, max_rate_limit_wait=1)
         self.report = "# Report\n\n![speedup](speedup_win.png)\n"
         self.plots = {"speedup_win.png": PNG}
+        self.links: dict[str, Path] = {}  # name in the report folder -> the file its symlink points at
 
     def __call__(self, doc: dict[str, Any], *extra: str) -> tuple[int, str, str]:
         report_dir = self.tmp / "report"
@@ -86,6 +87,8 @@ class Runner:
         (report_dir / "report.md").write_text(self.report, encoding="utf-8")
         for name, content in self.plots.items():
             (report_dir / name).write_bytes(content)
+        for name, target in self.links.items():
+            (report_dir / name).symlink_to(target)
         (self.tmp / "decision.json").write_text(json.dumps(doc), encoding="utf-8")
         out, err = io.StringIO(), io.StringIO()
         argv = [
@@ -519,3 +522,63 @@ def test_an_unmeasured_key_keeps_its_change_and_a_measured_one_drops_it(run: Run
     # And a run that measured both and needs neither closes the PR.
     assert run(decision(win=(-1, -1)))[1].startswith("outcome=closed")
     assert pr.state == "closed" and [p.number for p in fake.pulls.values()] == [pr.number]
+
+
+def test_a_symlink_in_the_report_folder_is_refused_before_anything_is_sent(run: Runner, fake: FakeGitHub) -> None:
+    """Issue 34, item 6: `out/report/x.png -> /proc/self/environ` committed the token's environment
+    to the thresholds branch. The publisher reads regular files only, and says which one it refused."""
+    secret = run.tmp / "environ"
+    secret.write_bytes(f"GITHUB_TOKEN={TOKEN}\0".encode())
+    run.links = {"speedup_cmp.png": secret}
+    rc, out, err = run(decision())
+    assert rc == 2 and "outcome" not in out
+    (line,) = err.strip().splitlines()
+    assert "speedup_cmp.png" in line and "a symlink to" in line and "rerun `python -m ci report`" in line
+    assert fake.writes() == [] and fake.pulls == {} and f"heads/{BRANCH}" not in fake.refs
+
+
+@pytest.mark.parametrize("token", [TOKEN + "\n", f" {TOKEN}\r\n"])
+def test_a_token_with_a_trailing_newline_works(run: Runner, fake: FakeGitHub, token: str) -> None:
+    """Issue 34, item 6: a token pasted with its line break was reported as "could not reach GitHub"
+    (requests refuses the header). Surrounding whitespace is never part of a token: it is stripped."""
+    run.env["GITHUB_TOKEN"] = token
+    rc, out, err = run(decision())
+    assert rc == 0 and "outcome=created" in out, err
+    assert "could not reach GitHub" not in err
+
+
+def test_a_token_with_a_line_break_inside_names_the_cause(run: Runner, fake: FakeGitHub) -> None:
+    run.env["GITHUB_TOKEN"] = f"{TOKEN}\nghs_second_line"
+    rc, out, err = run(decision())
+    assert rc == 1 and "outcome" not in out
+    (line,) = err.strip().splitlines()
+    assert "GITHUB_TOKEN" in line and "line break" in line and "could not reach GitHub" not in line
+    assert TOKEN not in line and fake.writes() == []
+
+
+def test_a_closing_comment_carried_out_before_a_502_is_posted_once(run: Runner, fake: FakeGitHub) -> None:
+    """Issue 34, item 6: GitHub posted the comment, answered 502, and the retried POST posted it again.
+    A comment POST is not retried blindly: the PR's comments are read again for it first."""
+    from ci.github import production_retry
+
+    assert run(decision())[0] == 0
+    (pr,) = fake.open_pulls()
+    retry = production_retry()
+    run.retry = retry.new(backoff_factor=0)  # the production policy, without its waits
+    fake.fail("POST", r"/issues/\d+/comments$", 502, after=True)
+    rc, out, err = run(decision(win=(-1, -1)))
+    assert rc == 0 and "outcome=closed" in out, err
+    assert pr.state == "closed" and len(pr.comments) == 1 and "no longer needed" in pr.comments[0]
+    assert "already there" in err
+
+
+def test_a_closing_comment_lost_to_a_502_is_posted_again(run: Runner, fake: FakeGitHub) -> None:
+    from ci.github import production_retry
+
+    assert run(decision())[0] == 0
+    (pr,) = fake.open_pulls()
+    run.retry = production_retry().new(backoff_factor=0)
+    fake.fail("POST", r"/issues/\d+/comments$", 502)  # never carried out
+    rc, out, err = run(decision(win=(-1, -1)))
+    assert rc == 0 and "outcome=closed" in out, err
+    assert pr.state == "closed" and len(pr.comments) == 1 and "no longer needed" in pr.comments[0]

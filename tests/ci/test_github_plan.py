@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +135,26 @@ def test_pr_is_a_registered_subcommand() -> None:
     args = build_parser().parse_args(["pr", "--decision", "d.json", "--dry-run"])
     assert args.report_dir == "out/report" and args.out_dir == "out/pr" and args.config == "configs/base.yaml"
     assert args.dry_run and args.base is None
+
+
+@pytest.mark.parametrize("kind", ["symlink", "symlinked report", "fifo", "folder"])
+def test_load_report_refuses_anything_but_regular_files(tmp_path: Path, kind: str) -> None:
+    """Issue 34, item 6: a link in the report folder to /proc/self/environ (the token) was committed
+    to the thresholds branch as a PNG. Every file published must be a regular file of the folder itself."""
+    secret = tmp_path / "environ"
+    secret.write_bytes(b"GITHUB_TOKEN=ghs_secret\0")
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "a.png").write_bytes(b"\x89PNG a")
+    if kind == "symlinked report":
+        (report / "report.md").symlink_to(secret)
+        bad = report / "report.md"
+    else:
+        (report / "report.md").write_text("# r\n")
+        bad = report / "speedup_win.png"
+        {"symlink": lambda: bad.symlink_to(secret), "fifo": lambda: os.mkfifo(bad), "folder": bad.mkdir}[kind]()
+    with pytest.raises(PlanError) as err:
+        load_report(report, "sm90")
+    text = str(err.value)
+    assert "\n" not in text and str(bad) in text and "regular files" in text and "rerun `python -m ci report`" in text
+    assert "ghs_secret" not in text

@@ -140,11 +140,13 @@ def fake() -> Iterator[FakeGitHub]:
         yield server
 
 
-def tracked(fake: FakeGitHub, night: int, recs: list, log: list[str] | None = None) -> TrackResult:
+def tracked(fake: FakeGitHub, night: int, recs: list, log: list[str] | None = None,
+            retry: GithubRetry | None = None) -> TrackResult:
     rows = regress.regressions(recs[night], recs[:night], k=3, margin=0.1)
     plan = plan_issue(GPU, recs[night].id, rows, margin=0.1, k=3)
     target = Target(fake.api_url, "octo/nsa", Secret(TOKEN))
-    gh = connect(target, retry=GithubRetry(total=2, backoff_factor=0, max_rate_limit_wait=1), pace=False, timeout=5)
+    retry = retry or GithubRetry(total=2, backoff_factor=0, max_rate_limit_wait=1)
+    gh = connect(target, retry=retry, pace=False, timeout=5)
     sink = log if log is not None else []
     result = track(gh, plan, api_url=target.api_url, repository=target.repository, token=target.token,
                    log=sink.append)
@@ -189,6 +191,22 @@ def test_a_create_carried_out_before_a_server_error_is_not_duplicated(fake: Fake
     assert len(fake.open_issues()) == 1 and len(fake.issues) == 2
     dup = max(fake.issues.values(), key=lambda i: i.number)
     assert dup.state == "closed" and "Duplicate of" in dup.comments[-1]
+
+
+@pytest.mark.parametrize("after", [True, False], ids=["posted-then-502", "lost-to-502"])
+def test_a_closing_comment_and_a_502_give_one_comment(fake: FakeGitHub, after: bool) -> None:
+    """Issue 34, item 6: GitHub posted the closing comment, answered 502, and the retried POST posted
+    it twice. The production retry never repeats a comment POST; the marker is looked for again first."""
+    from ci.github import production_retry
+
+    recs = hx.flagged_history(hx.H100_TRITON, 6, {3: {SLOW: 1.2}, 4: {SLOW: 1.2}}, keep=LONG)
+    assert tracked(fake, 3, recs).outcome == "created"
+    (issue,) = fake.open_issues()
+    fake.fail("POST", r"/issues/\d+/comments$", 502, after=after)
+    log: list[str] = []
+    assert tracked(fake, 5, recs, log, retry=production_retry().new(backoff_factor=0)).outcome == "closed"
+    assert issue.state == "closed" and len(issue.comments) == 1 and recs[5].id in issue.comments[0]
+    assert any("already there" in line for line in log) == after
 
 
 def test_errors_are_one_line_with_the_permission_and_no_token(fake: FakeGitHub) -> None:

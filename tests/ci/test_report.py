@@ -232,3 +232,108 @@ def test_history_regressions_lead_and_trends_are_embedded(tmp_path: Path) -> Non
     assert "trend_decode_T65536.png" in {p.name for p in written}
     report.write_report(path, tmp_path / "report2", trends_dir=tmp_path / "none")
     assert "No trend charts" in (tmp_path / "report2" / "report.md").read_text()
+
+
+def _dispatch(profile: str, per_class: dict[str, dict[str, int]], source: str) -> dict[str, Any]:
+    """A results file's `run.dispatch` record, as `bench` writes it: every key, every class, its source."""
+    return {"profile": profile, "config": "base.yaml", "force_fa2": False,
+            "keys": {key: {cls: {"value": v, "source": source.format(key=key, cls=cls)} for cls, v in values.items()}
+                     for key, values in per_class.items()}}
+
+
+def test_a_cpu_report_leads_with_its_message_and_says_it_once_per_place() -> None:
+    """Issue 34, item 11: a CPU run's "no threshold can be proposed" stood under 25 class rows that
+    repeated it and a 2,000-character dispatch line. The message leads; classes that say the same share
+    one row, branches with the same reason one bullet, and the dispatch line shows each key once."""
+    conf = decide.DecideConfig.from_mapping(fx.config())
+    decision = decide.decide([("cpu.json", fx.document(fx.sweep("sliding", {1024: 2.0}), sm="cpu"))], conf)
+    decision["runs"][0]["dispatch"] = _dispatch("cpu", {k.name: dict.fromkeys(keys.CLASSES, -1) for k in keys.KEYS},
+                                                "base.yaml:runtime.{key}")
+    text = report.render_report(decision)
+    body = [line for line in text.splitlines() if line.strip()]
+    assert body[1].startswith("**No ") and "threshold can be proposed from this run:** these results come from a CPU" \
+        in body[1]
+    # two headlines, at most one bullet per family and class prefix, one class row per branch (was 32)
+    assert text.count("these results come from a CPU machine") <= 2 + 3 + len(BRANCHES)
+    all_classes = ", ".join(keys.CLASSES)
+    for name in BRANCHES:
+        assert f"| {all_classes} | -1 (" in section(text, f"## Branch {name} ")
+    assert "- **triton_win, triton_cmp, triton_sel**: keeping -1: these results come from a CPU" in text
+    (dispatch,) = [line for line in text.splitlines() if line.startswith("- dispatch: ")]
+    assert dispatch == ("- dispatch: profile=cpu, config=base.yaml, force_fa2=False, keys from base.yaml:runtime: "
+                        + ", ".join(f"{k.name}=-1" for k in keys.KEYS))
+    assert max(len(line) for line in text.splitlines()) < 400
+    summary = report.render_summary(decision)
+    assert summary.count("these results come from a CPU machine") <= 2 + 3  # was 7
+
+
+def test_the_dispatch_line_keeps_classes_that_differ() -> None:
+    record = _dispatch("sm90", {"fa2_min_len_win": {"g1": 256, "g2": 256}, "triton_min_len_cmp": {"g1": 512, "g2": 8192}},
+                       "base.yaml:profiles.sm90.{key}.{cls}")
+    assert report._fmt_dispatch(record) == ("profile=sm90, config=base.yaml, force_fa2=False, keys from "
+                                            "base.yaml:profiles.sm90: fa2_min_len_win=256, "
+                                            "triton_min_len_cmp={g1: 512, g2: 8192}")
+    assert report._fmt_dispatch({"keys": "odd"}) == "keys=odd"  # another shape: shown whole
+
+
+def test_plots_are_titled_by_what_they_show(tmp_path: Path) -> None:
+    """Issue 34, item 11: a CPU run's plots were titled "FA-2" but drew flex (reported only)."""
+    from PIL import Image
+
+    from ci import plots
+
+    conf = decide.DecideConfig.from_mapping(fx.config())
+    cpu = decide.decide([("cpu.json", fx.document(fx.sweep("sliding", {1024: 2.0}), sm="cpu"))], conf)
+    flex = [{**c, "candidate_backend": "flex", "used_for_decision": False, "speedup": 0.5, "ci_low": 0.4,
+             "ci_high": 0.6, "T": c["T"] or 1024} for c in cpu["cells"] if c["branch"] == "win"]
+    assert flex
+    png = plots.plot_branch(flex, "win", 1.2, tmp_path / "speedup_win.png")
+    title = Image.open(png).text["Title"]
+    assert title == "sliding branch (win): flex over masked SDPA, reported only (no FA-2 cell was timed)"
+    assert plots.plot_title("win", ["torch_fa2", "flex"]) == "sliding branch (win): flex, torch_fa2 over masked SDPA"
+    assert plots.plot_title("triton_cmp", ["triton"]) == "compressed branch (triton_cmp): triton over masked SDPA"
+
+
+def test_a_change_held_back_says_held_back() -> None:
+    """Issue 34, item 11: the one change the K-run rule held back showed "held: **no**"."""
+    decision = _with_history(golden_decision())
+    rows = section(report.render_report(decision), "## History and trends")
+    assert "| K-run rule |" in rows and "| held |" not in rows
+    (row,) = [line for line in rows.splitlines() if line.startswith("| `") and "run-0001" in line]
+    assert "| **held back** |" in row and "**no**" not in row
+    decision["history"]["evidence"][0]["held"] = True
+    rows = section(report.render_report(decision), "## History and trends")
+    assert "| lasted 3 runs: changed |" in rows
+
+
+def test_previous_given_an_old_decision_file_names_it(tmp_path: Path) -> None:
+    """Issue 34, item 11: `--previous old-decision.json` said "results file with 644 schema problems"."""
+    old = golden_decision()
+    old["schema"] = "nsa-decision/1"
+    path = tmp_path / "old-decision.json"
+    path.write_text(json.dumps(old), encoding="utf-8")
+    with pytest.raises(report.ReportError) as err:
+        report.load_previous(path)
+    text = str(err.value)
+    assert "\n" not in text and "schema problems" not in text
+    assert "is a decision file of schema 'nsa-decision/1'" in text and "results.json" in text
+    from ci.__main__ import main
+
+    rc = main(["report", "--decision", str(decide.write_decision(golden_decision(), tmp_path / "d.json")),
+               "--previous", str(path), "--out-dir", str(tmp_path / "out")])
+    assert rc == 2 and not (tmp_path / "out").exists()
+
+
+def test_a_symlinked_trend_chart_is_not_copied_into_the_report(tmp_path: Path) -> None:
+    """Issue 34, item 6: the report copies the trend PNGs beside report.md, which `ci pr` publishes; a
+    link there would turn whatever it points at into a regular file the publisher accepts."""
+    path = decide.write_decision(golden_decision(), tmp_path / "decision.json")
+    trends = tmp_path / "trends"
+    trends.mkdir()
+    secret = tmp_path / "environ"
+    secret.write_bytes(b"GITHUB_TOKEN=ghs_secret\0")
+    (trends / "trend_prefill_T16384.png").symlink_to(secret)
+    with pytest.raises(report.ReportError) as err:
+        report.write_report(path, tmp_path / "report", trends_dir=trends)
+    assert "trend_prefill_T16384.png" in str(err.value) and "symlink" in str(err.value)
+    assert "\n" not in str(err.value) and not (tmp_path / "report").exists()
