@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 PIPELINE_ARGS ?=
 GPU_WORKFLOW := .github/workflows/gpu-bench.yml
 
-.PHONY: setup ci-env test test-gpu test-gpu-smoke test-fa2-parity lint pipeline gpu-bench clean
+.PHONY: setup ci-env test test-slow test-gpu test-gpu-smoke test-fa2-parity lint pipeline gpu-bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
@@ -29,9 +29,14 @@ ci-env: setup
 	@test -n "$$GITHUB_PATH" || { echo "ci-env: GITHUB_PATH is unset; this target is for workflow steps (elsewhere: . $(VENV)/bin/activate)" >&2; exit 2; }
 	echo "$(abspath $(VENV))/bin" >> "$$GITHUB_PATH"
 
-## test: the CPU suite (the README's test command; .ci/run calls it)
+## test: the CPU suite without the `slow` tests (the README's test command; .ci/run calls it).
+## A -m in PYTEST_ARGS replaces the default (PYTEST_ARGS="-m ''" runs everything)
 test: setup
-	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+
+## test-slow: only the `slow` tests: the larger shapes of the Triton kernels' interpreter tests
+test-slow: setup
+	$(PY) -m pytest -n 2 -m slow $(PYTEST_ARGS)
 
 ## lint: ruff over the code, actionlint and zizmor over the workflows (offline: no GitHub API calls)
 lint: setup
