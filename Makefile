@@ -16,7 +16,7 @@ GPU_WORKFLOW := .github/workflows/gpu-bench.yml
 DECIDE_LOCK := requirements/decide.txt
 DECIDE_VENV ?= .venv-decide
 
-.PHONY: setup ci-env ci-env-decide decide-lock test test-gpu test-gpu-smoke test-fa2-parity lint pipeline gpu-bench clean
+.PHONY: setup ci-env ci-env-decide decide-lock test test-slow test-gpu test-gpu-smoke test-fa2-parity lint pipeline gpu-bench clean
 
 # Editable, with the pipeline's dependencies and the tools: an editable install is what maps bench/
 # and ci/ besides nsa/ (setup.py); `pip install .` ships the nsa library alone.
@@ -62,9 +62,14 @@ decide-lock: setup
 	@test "$$(grep -c '==' $(DECIDE_LOCK))" = "$$(grep '==' $(DECIDE_LOCK) | cut -d= -f1 | sort -u | wc -l)" || \
 	  { echo "decide-lock: two versions of one package in $(DECIDE_LOCK); pin it in requirements/decide.in" >&2; exit 1; }
 
-## test: the CPU suite (the README's test command; .ci/run calls it)
+## test: the CPU suite without the `slow` tests (the README's test command; .ci/run calls it).
+## A -m in PYTEST_ARGS replaces the default (PYTEST_ARGS="-m ''" runs everything)
 test: setup
-	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+
+## test-slow: only the `slow` tests: the larger shapes of the Triton kernels' interpreter tests
+test-slow: setup
+	$(PY) -m pytest -n 2 -m slow $(PYTEST_ARGS)
 
 ## lint: ruff over the code, actionlint and zizmor over the workflows (offline: no GitHub API calls)
 lint: setup

@@ -21,7 +21,7 @@ from ci.workflow_steps import Resolver, input_values, load, triggers
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = REPO / ".github" / "workflows"
-CI, GPU = WORKFLOWS / "ci.yml", WORKFLOWS / "gpu-bench.yml"
+CI, GPU, SLOW = WORKFLOWS / "ci.yml", WORKFLOWS / "gpu-bench.yml", WORKFLOWS / "slow-tests.yml"
 SHA_PIN = re.compile(r"[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}")
 ENV_REF = re.compile(r"\$\{?([A-Za-z_]\w*)\}?")
 SHELL_SYNTAX = re.compile(r"[;&|<>`\n]|\$\(")
@@ -70,7 +70,7 @@ def _expand(token: str, env: dict[str, str]) -> str:
 
 
 def test_both_workflows_exist() -> None:
-    assert CI.is_file() and GPU.is_file()
+    assert CI.is_file() and GPU.is_file() and SLOW.is_file()
     assert len(RUN_STEPS) >= 8
 
 
@@ -105,7 +105,7 @@ def test_inputs_never_appear_in_run() -> None:
                 assert "inputs." not in str(step.get("run", "")), f"{path.name}: {step}"
 
 
-@pytest.mark.parametrize("path", [CI, GPU], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [CI, GPU, SLOW], ids=lambda p: p.name)
 def test_permissions_triggers_pins_and_timeouts(path: Path) -> None:
     doc = load(path)
     assert "pull_request_target" not in triggers(doc) and "workflow_run" not in triggers(doc)
@@ -130,6 +130,29 @@ def test_ci_workflow_runs_the_make_targets() -> None:
     assert set(triggers(doc)) == {"push", "pull_request"}
     commands = {c for w, _, c, _ in RUN_STEPS if w == CI.name}
     assert commands == {"make test", "make lint"}
+    assert all(job["runs-on"] == "ubuntu-latest" for job in doc["jobs"].values())
+
+
+def _recipe(target: str) -> list[str]:
+    """The command lines of a Makefile target."""
+    text = (REPO / "Makefile").read_text(encoding="utf-8")
+    m = re.search(rf"^{re.escape(target)}:[^\n]*\n((?:\t[^\n]*\n)+)", text, re.M)
+    assert m, f"no make target {target}"
+    return [line.strip() for line in m.group(1).splitlines()]
+
+
+def test_make_test_and_test_slow_split_the_suite_by_the_slow_marker() -> None:
+    """`make test` (push, pull request; the README's test command) leaves the `slow` tests out, `make
+    test-slow` (slow-tests.yml, nightly) runs only them: together the whole suite. PYTEST_ARGS comes
+    last, so a -m there replaces the marker expression."""
+    assert _recipe("test") == ['$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)']
+    assert _recipe("test-slow") == ["$(PY) -m pytest -n 2 -m slow $(PYTEST_ARGS)"]
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert 'The test command runs `pytest -n 2 -m "not slow"`' in readme
+    assert (REPO / ".ci" / "run").read_text(encoding="utf-8").rstrip().endswith("exec make test")
+    doc = load(SLOW)
+    assert set(triggers(doc)) == {"schedule", "workflow_dispatch"}
+    assert [c for w, _, c, _ in RUN_STEPS if w == SLOW.name] == ["make test-slow"]
     assert all(job["runs-on"] == "ubuntu-latest" for job in doc["jobs"].values())
 
 
@@ -295,7 +318,7 @@ def test_the_decide_job_installs_only_hash_locked_packages() -> None:
 def test_jobs_with_secrets_run_in_an_environment() -> None:
     decide = load(GPU)["jobs"]["decide"]
     assert decide.get("environment") == "threshold-pr", "the job holding the PR token needs an environment:"
-    for path in (CI, GPU):
+    for path in (CI, GPU, SLOW):
         for name, job in load(path)["jobs"].items():
             if "secrets." in str(job):
                 assert job.get("environment"), f"{path.name}: job {name} reads a secret outside an environment"

@@ -224,6 +224,7 @@ def test_triton_module_backend_without_the_interpreter_is_skipped(monkeypatch):
     assert by["sdpa_flash"]["status"] == "ok"
 
 
+@pytest.mark.slow  # the module's prefill and steps under Triton's interpreter; the [triton] attend variants stay
 def test_triton_module_backend_reads_match_the_spec(monkeypatch):
     _need_interpreted_kernels()
     monkeypatch.setenv("TRITON_INTERPRET", "1")

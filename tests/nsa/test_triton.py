@@ -22,6 +22,16 @@ pytestmark = pytest.mark.skipif(
 # (B, T, Hq, Hkv, dk, dv): GQA 1/4/16, awkward T, dk != dv.
 SHAPES = [(1, 37, 4, 4, 16, 16), (2, 70, 8, 2, 16, 8), (1, 45, 16, 1, 32, 16)]
 IDS = [f"B{s[0]}-T{s[1]}-Hq{s[2]}-Hkv{s[3]}-dk{s[4]}-dv{s[5]}" for s in SHAPES]
+B2_T70 = IDS[1]     # the costliest of SHAPES under the interpreter (B = 2, T = 70, 8 heads)
+# Marker `slow` (`make test-slow`, nightly): the larger duplicates under the interpreter, whose cost grows
+# with B * T * heads. Every kernel keeps a test against the oracle at a small shape in `make test`.
+SLOW = pytest.mark.slow
+
+
+def params(values, ids, slow=()):
+    """pytest.param for each value, marked `slow` where its id is in `slow`."""
+    assert set(slow) <= set(ids), set(slow) - set(ids)
+    return [pytest.param(v, id=i, marks=SLOW if i in slow else ()) for v, i in zip(values, ids, strict=True)]
 
 
 @pytest.fixture
@@ -35,8 +45,12 @@ def tiles():
         yield override
 
 
-@pytest.mark.parametrize("split", [1, 2, 4], ids=["one-program", "split2", "split4"])
-@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+@pytest.mark.parametrize("shape,split", [
+    # `make test`: every split at GQA 16, one program at GQA 1
+    pytest.param(shape, split, id=f"{sid}-{name}",
+                 marks=SLOW if sid == B2_T70 or (sid == IDS[0] and split > 1) else ())
+    for name, split in (("one-program", 1), ("split2", 2), ("split4", 4))
+    for shape, sid in zip(SHAPES, IDS, strict=True)])
 def test_triton_selected_matches_oracle(shape, split, seed, tiles):
     """One program per (query, group), or the blocks split over 2 or 4 programs and combined
     (decode's path; 3 blocks over 2 programs leaves one slot empty)."""
@@ -53,9 +67,18 @@ def test_triton_selected_matches_oracle(shape, split, seed, tiles):
     assert rel_err(out_t, out[:, t:t + 1]) < 1e-5
 
 
-@pytest.mark.parametrize("steps,forced", [(1, False), (3, True)], ids=["one-step-lists-only", "three-steps-forced"])
-@pytest.mark.parametrize("shape", SHAPES + [(1, 300, 4, 4, 16, 16), (1, 50, 6, 2, 16, 16)],
-                         ids=IDS + ["B1-T300-Hq4-Hkv4-dk16-dv16", "B1-T50-Hq6-Hkv2-dk16-dv16"])
+BLOCK_SHAPES = SHAPES + [(1, 300, 4, 4, 16, 16), (1, 50, 6, 2, 16, 16)]
+BLOCK_IDS = IDS + ["B1-T300-Hq4-Hkv4-dk16-dv16", "B1-T50-Hq6-Hkv2-dk16-dv16"]
+BLOCK_MODES = {"one-step-lists-only": (1, False), "three-steps-forced": (3, True)}
+# `make test`: GQA 1 with one step and lists only; GQA 16 and GQA 3 (a head tile padded to 4) with three
+# steps and the forced kernel.
+BLOCK_DEFAULT = {(IDS[0], "one-step-lists-only"), (IDS[2], "three-steps-forced"),
+                 ("B1-T50-Hq6-Hkv2-dk16-dv16", "three-steps-forced")}
+
+
+@pytest.mark.parametrize("shape,steps,forced", [
+    pytest.param(shape, *mode, id=f"{sid}-{mid}", marks=() if (sid, mid) in BLOCK_DEFAULT else SLOW)
+    for mid, mode in BLOCK_MODES.items() for shape, sid in zip(BLOCK_SHAPES, BLOCK_IDS, strict=True)])
 def test_triton_block_centric_selection_matches_oracle(shape, steps, forced, seed, tiles):
     """The block-centric path (selection_blocks.py: entries sorted by key block, one program per
     chunk of a block's list, partials combined per query): the oracle's output for GQA 1/4/16 and
@@ -87,7 +110,7 @@ def test_triton_block_centric_selection_matches_oracle(shape, steps, forced, see
     assert rel_err(got, want) < 1e-5
 
 
-@pytest.mark.parametrize("forced", [False, True], ids=["lists-only", "forced"])
+@pytest.mark.parametrize("forced", params([False, True], ["lists-only", "forced"], slow=["forced"]))
 def test_block_centric_selection_in_query_chunks(forced, seed, tiles):
     """Past `Tiles.selb_part_cap` the block-centric path runs in chunks of queries (here 7 of
     them, the last one short, the first at q_start > 0): each query's partials and merge are
@@ -116,7 +139,8 @@ def test_block_centric_selection_in_query_chunks(forced, seed, tiles):
     assert rel_err(outs[1][0], reference.selected_attention(*args, sel_block=16, q_start=t0)) < 1e-5
 
 
-@pytest.mark.parametrize("family", ["group-centric", "block-centric"])
+@pytest.mark.parametrize("family", params(["group-centric", "block-centric"], ["group-centric", "block-centric"],
+                                           slow=["group-centric"]))
 def test_triton_selected_counts_a_repeated_block_once(family, seed, tiles):
     """Caller-given block lists with -1 slots, a repeat in every row, blocks ahead of the query and
     rows with nothing selected: the spec's set (nsa.reference.selected_attention) in both kernel
@@ -173,7 +197,7 @@ def _score_ref(q, kc, t, nb, shape, scale, block=8, stride=4, sel_block=16):
 
 
 @pytest.mark.parametrize("layout", ["lse", "carry", "read-modify-write"])
-@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+@pytest.mark.parametrize("shape", params(SHAPES, IDS, slow=[B2_T70]))
 def test_triton_score_layouts_agree(shape, layout, seed, tiles):
     """Every prefill score path gives the oracle's scores and output: the one-pass kernel with the
     log-sum-exp and the scores kernel (scores.py, the default), and the two-pass kernel with the
@@ -194,6 +218,7 @@ def test_triton_score_layouts_agree(shape, layout, seed, tiles):
 GEOMETRIES = [(8, 4, 16), (4, 4, 16), (12, 4, 16), (16, 4, 16), (16, 8, 32)]
 
 
+@SLOW    # T = 700 throughout; the scores kernel at small shapes: test_triton_score_layouts_agree and others
 @pytest.mark.parametrize("geometry", GEOMETRIES, ids=[f"l{g[0]}-d{g[1]}-sel{g[2]}" for g in GEOMETRIES])
 def test_triton_scores_kernel_geometries(geometry, seed, tiles):
     """The scores kernel's stride map (weights d*min(R-r, E) to the own block, d*max(0, r+E-R)
@@ -219,7 +244,9 @@ def test_triton_scores_kernel_geometries(geometry, seed, tiles):
     assert rel_err(o_c, out[:, start:]) < 1e-5
 
 
-@pytest.mark.parametrize("hq,start", [(2, 0), (8, 137)], ids=["G1", "G4-q_start137"])
+# T = 300 in both; the CPU profile's scr_qt = 2 with the gather runs in `make test` (test_triton_score_layouts_agree)
+@pytest.mark.parametrize("hq,start", [pytest.param(2, 0, id="G1", marks=SLOW),
+                                      pytest.param(8, 137, id="G4-q_start137", marks=SLOW)])
 def test_triton_scores_query_tiles_per_program(hq, start, seed, tiles):
     """`Tiles.scr_qt` query tiles per scores program, the block map's shift by a dot or a gather
     (`scr_gather`): the same scores bit for bit as one tile per program, zeroed with atomic edges
@@ -247,7 +274,7 @@ def test_triton_scores_query_tiles_per_program(hq, start, seed, tiles):
         assert torch.allclose(s1.double(), ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
+@pytest.mark.parametrize("shape", params(SHAPES, IDS, slow=[B2_T70]))
 def test_triton_compressed_and_scores_match(shape, seed):
     q, k, v = qkv(*shape, device=DEV)
     kc, vc = ops.compress_kv(k, v, block=8, stride=4)
@@ -455,6 +482,7 @@ def test_module_window_beside_equals_in_order_on_gpu(seed, tiles):
         assert torch.equal(out, ref)
 
 
+@SLOW    # 53 decode steps; the kernels one by one run in `make test` (here and tests/nsa/test_triton_decode.py)
 def test_triton_module_matches_oracle(seed):
     cfg = NSAConfig(dim=32, n_heads=8, n_kv_heads=2, head_dim_qk=16, head_dim_v=16, cmp_block=8, cmp_stride=4,
                     sel_block=16, sel_count=4, window=20)
@@ -528,8 +556,9 @@ def test_interpreter_flag_is_what_cpu_runs_use():
         assert os.environ.get("TRITON_INTERPRET") == "1"
 
 
-@pytest.mark.parametrize("mode", ["one-pass", "chunks+merge"])
-@pytest.mark.parametrize("q_start", [0, 40])
+@pytest.mark.parametrize("q_start,mode", [
+    pytest.param(q, m, id=f"{q}-{m}", marks=SLOW if (q, m) == (40, "chunks+merge") else ())
+    for m in ("one-pass", "chunks+merge") for q in (0, 40)])
 def test_triton_topn_matches_select_topn(q_start, mode, seed, tiles):
     """Same blocks as the PyTorch rule, including ties (scores drawn from a few values, signed
     zeros and negatives among them), rows with fewer candidates than n (-1 padding) and a
@@ -552,9 +581,21 @@ def test_triton_topn_matches_select_topn(q_start, mode, seed, tiles):
         assert (ours[:, :2] == -1).any(), "early rows have fewer candidates than n: the -1 padding is exercised"
 
 
-@pytest.mark.parametrize("case", ["spread", "one-bucket", "bucket-at-edge", "bucket-inside", "signed",
-                                  "signed-zeros-on-top", "few-candidates"])
-@pytest.mark.parametrize("algo", ["filter", "filter-rounds", "filter-rank", "filter-rank-contiguous", "argmax"])
+TOPN_CASES = ["spread", "one-bucket", "bucket-at-edge", "bucket-inside", "signed", "signed-zeros-on-top",
+              "few-candidates"]
+TOPN_ALGOS = ["filter", "filter-rounds", "filter-rank", "filter-rank-contiguous", "argmax"]
+# `make test` runs argmax (cheap) on every case; filter-rank (Tiles' default) on every case but the two
+# plainest (spread, signed); each other filter on the case that reaches its own exact rule (zeros of both
+# signs tied on top; the contiguous chunks: the re-rank of the candidates), and the filter with int64 keys
+# also on rows too narrow for it (few-candidates). `make test-slow` runs the rest.
+TOPN_DEFAULT = {"argmax": TOPN_CASES, "filter-rank": [c for c in TOPN_CASES if c not in ("spread", "signed")],
+                "filter": ["signed-zeros-on-top", "few-candidates"], "filter-rounds": ["signed-zeros-on-top"],
+                "filter-rank-contiguous": ["bucket-inside"]}
+
+
+@pytest.mark.parametrize("algo,case", [
+    pytest.param(a, c, id=f"{a}-{c}", marks=() if c in TOPN_DEFAULT[a] else SLOW)
+    for c in TOPN_CASES for a in TOPN_ALGOS])
 def test_triton_topn_algorithms_are_exact(case, algo, seed, tiles):
     """Each top-n algorithm of topn._select_row against the PyTorch rule on rows of 120 blocks
     (n = 5, 7 index bits; filter: 32 strided chunks of 4 (contiguous chunks with
@@ -635,6 +676,7 @@ def test_topn_width_classes_cover_every_query_once():
         assert seen == list(range(tq)) and classes[-1][2] <= width
 
 
+@SLOW    # 300 rows; width_classes itself: the test above, top-n's rows: test_triton_topn_algorithms_are_exact
 def test_triton_topn_over_width_classes(seed, tiles):
     """Prefill top-n runs one launch per width class (rows whose candidates fit 16, 32, ..., 256
     blocks): 300 queries over blocks of 2 span five classes, the filter runs in each class wider
@@ -653,7 +695,8 @@ def test_triton_topn_over_width_classes(seed, tiles):
     assert torch.equal(ours.long(), want.long())
 
 
-@pytest.mark.parametrize("q_start", [0, 1, 37])
+# q_start = 250 (`make test`): the last 50 queries only, the rows past position 264 crossing a key tile
+@pytest.mark.parametrize("q_start", params([0, 1, 37, 250], ["0", "1", "37", "250"], slow=["0", "1", "37"]))
 def test_triton_compressed_select_is_scores_then_topn(q_start, seed, monkeypatch, tiles):
     """compressed_select (scores left unzeroed, key-tile spills in a side buffer that top-n adds)
     gives the blocks and output of compressed_and_scores + topn (zeroed scores, atomic edges),
@@ -686,7 +729,7 @@ def test_triton_compressed_select_is_scores_then_topn(q_start, seed, monkeypatch
     assert (idx >= 3).any(), "rows pick free blocks, not only the forced ones"
 
 
-@pytest.mark.parametrize("shape", SHAPES[1:], ids=IDS[1:])
+@pytest.mark.parametrize("shape", params(SHAPES[1:], IDS[1:], slow=[B2_T70]))
 def test_triton_split_decode_matches_prefill_rows(shape, seed, monkeypatch, tiles):
     """Decode splits the compressed keys over chunks (flash-decoding) when the queries fit one
     tile: same output as the oracle and the same score rows as the one-tile kernel (chunks of

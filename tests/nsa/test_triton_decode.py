@@ -25,6 +25,7 @@ SHAPES = [(2, 8, 2, 16, 8), (1, 4, 4, 16, 16), (1, 16, 1, 32, 16)]
 IDS = [f"B{s[0]}-Hq{s[1]}-Hkv{s[2]}-dk{s[3]}-dv{s[4]}" for s in SHAPES]
 # dv = 32: two column programs (Tiles.dout_cols = 16) in kernel C's merges and in kernel D.
 WIDE = (1, 4, 2, 16, 32)
+SLOW = pytest.mark.slow     # `make test-slow`: the costlier duplicates under the interpreter
 
 
 @pytest.fixture(autouse=True)
@@ -86,8 +87,11 @@ def test_triton_decode_step_matches_oracle(shape, t, seed):
     assert rel_err(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("t", [5, 37, 150, 299, 600, 1100])
-@pytest.mark.parametrize("shape", [*SHAPES, WIDE], ids=[*IDS, "dv32"])
+@pytest.mark.parametrize("shape,t", [
+    # `make test`: 0, 1 and 2 chunks for every shape, 5 chunks (t = 1100) at GQA 16 and dv 32;
+    # `make test-slow`: 3 chunks (t = 600) and the other shapes' 5
+    pytest.param(shape, t, id=f"{sid}-{t}", marks=SLOW if t == 600 or (t == 1100 and sid in IDS[:2]) else ())
+    for t in (5, 37, 150, 299, 600, 1100) for shape, sid in zip([*SHAPES, WIDE], [*IDS, "dv32"], strict=True)])
 def test_triton_decode_group_flags_match_oracle(shape, t, seed):
     """Tiles.dec_flags (each kernel waits for its own group's counts, not the grid before it)
     against the oracle at 0 to 5 chunks, with a counts buffer kept across steps (as NSACache
@@ -134,9 +138,12 @@ def test_triton_decode_counts_rejected_and_zeroed_on_failure(monkeypatch):
         assert not counts.any()
 
 
-@pytest.mark.parametrize("once", [0, 4], ids=["rows-by-loop", "rows-at-once"])
-@pytest.mark.parametrize("algo", ["filter", "filter-rounds", "argmax"])
-@pytest.mark.parametrize("t", [5, 299, 600, 1100])
+@pytest.mark.parametrize("t,algo,once", [
+    # `make test`: 0 and 2 chunks for each algorithm, 5 chunks (past dtop_once) for the default filter
+    pytest.param(t, algo, once, id=f"{t}-{algo}-{oid}",
+                 marks=SLOW if t == 600 or (t == 1100 and algo != "filter") else ())
+    for oid, once in (("rows-by-loop", 0), ("rows-at-once", 4)) for algo in ("filter", "filter-rounds", "argmax")
+    for t in (5, 299, 600, 1100)])
 def test_triton_decode_topn_algorithms(algo, t, once, seed):
     """Kernel B's top-n by each algorithm of topn._select_row (the filter with a cap of 16, so a
     row of 64 blocks compacts, then int64 keys and one sort or the arg-max rounds; its scratch
@@ -211,6 +218,7 @@ def test_triton_decode_trace_orders_each_group_chain_on_gpu(seed):
         # "end": before the program's signal (decode.py _stamp), so a waiter's stamps follow it
 
 
+@SLOW    # 2 x 40 module steps; the fused step alone runs in `make test` (the tests above)
 def test_triton_decode_module_paths_agree(seed):
     """NSAAttention.step through the fused step and through the separate ops (Tiles.dec_fused off):
     both equal the oracle's prefill rows at every t, with the same reads."""
