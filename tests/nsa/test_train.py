@@ -258,8 +258,8 @@ def _module_grads(cfg, backend, x, dtype, seed=0):
 
 
 @needs_triton
-@pytest.mark.parametrize("phi", ["avg", "mlp"])
-def test_module_trains_on_triton_like_sdpa(phi):
+@pytest.mark.parametrize("phi", ["avg", pytest.param("mlp", marks=pytest.mark.slow)])   # mlp: ~20 s; phi's
+def test_module_trains_on_triton_like_sdpa(phi):                                      # gradient: the cmp gate
     """The issue's repro: every parameter and the input get a gradient on the Triton plan, equal to
     the masked-SDPA plan's (fp32, to rounding; both plans select the same blocks on these inputs)."""
     cfg = NSAConfig(dim=64, n_heads=4, n_kv_heads=2, head_dim_qk=32, head_dim_v=16, cmp_block=8, cmp_stride=4,
@@ -290,7 +290,9 @@ def _compiled_step_matches_eager(m: NSAAttention, lengths, compile_backend: str,
 
 
 @needs_triton
-@pytest.mark.parametrize(("backend", "lengths"), [("triton", (45,)), ("auto", (70, 91))])
+@pytest.mark.parametrize(("backend", "lengths"), [
+    pytest.param("triton", (45,), marks=pytest.mark.slow),   # ~30-55 s under the interpreter
+    ("auto", (70, 91))])
 def test_module_training_step_compiles_without_graph_breaks(backend, lengths):
     """NSAAttention in a training step under torch.compile(fullgraph=True): the plan is made outside
     the graph (dispatch.plan, a constant of it), the Triton training kernels and the top-n are custom
