@@ -238,6 +238,7 @@ def execute(cells: list[Cell], args: argparse.Namespace, *, command: str, size: 
             return _run_shards(args, command, shard_argv, gpus[:n_gpus])
     triton = getattr(args, "triton", "auto")  # the bench/ wrappers have no --triton
     _apply_dispatch(args.fa2, triton, {k.name: getattr(args, k.name, None) for k in keys.KEYS})
+    _check_dispatch(device)
     timer = timer_from(args, size)
     opts = runner.RunOptions(device=device, timer=timer,
                              prefix=f"[shard {shard_arg[0]}/{shard_arg[1]}] " if shard_arg else "")
@@ -254,6 +255,17 @@ def execute(cells: list[Cell], args: argparse.Namespace, *, command: str, size: 
     doc = runner.document(cases, opts, command=command, git_sha=machine.git_sha(), machine=info,
                           extra_run=extra)
     return _finish(doc, args)
+
+
+def _check_dispatch(device: str) -> None:
+    """Read the thresholds in force once, before any cell: a bad override (NSA_PROFILE, NSA_<KEY>,
+    NSA_USE_*, NSA_CONFIG) stops the run here with its one-line error (ValueError: exit 2), on a CPU
+    too, where no call would read them and a sweep would otherwise record the error and go on."""
+    import torch
+
+    from nsa import dispatch
+
+    dispatch.describe(torch.device(device))
 
 
 def _finish(doc: dict[str, Any], args: argparse.Namespace) -> int:

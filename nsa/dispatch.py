@@ -208,7 +208,8 @@ def _load(profile: str) -> Thresholds:
             try:
                 value = int(env)
             except ValueError:
-                raise ValueError(f"{key.env} must be an int (-1 or a length), got {env!r}") from None
+                raise ValueError(f"{key.env} must be an int (-1 or a length), got {env!r}; set -1 (off) or a "
+                                 "length, or unset it for the config's value") from None
             overrides[key.name] = (settings.threshold(value, key.env), f"env {key.env}")
         if key.name in _cli_overrides:
             value = _cli_overrides[key.name]

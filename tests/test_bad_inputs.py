@@ -174,6 +174,7 @@ class Case:
     argv: Callable[[Path], list[str]]  # the folder holds good.json, good.yaml, decision.json, report/
     setup: Callable[[Path], None] = lambda tmp: None
     fault: str = ""  # "full-disk": run in a subprocess with no room to write; "read-only": ro/ is not writable
+    env: Callable[[Path], dict[str, str]] = lambda tmp: {}  # environment values set for the run
 
 
 def _write(name: str, data: bytes) -> Callable[[Path], None]:
@@ -291,6 +292,33 @@ def _flag_cases() -> list[Case]:
         Case("ci-workflow-steps-not-utf8", "ci", lambda t: ["workflow-steps", str(t / "bad.yml"), "--job", "gpu",
                                                             "--dry-run"], _write("bad.yml", b"\xff\xfejobs: {}\n")),
     ]
+    return cases
+
+
+def _env_cases() -> list[Case]:
+    """Bad environment values, each to the subcommands that read it: a config that is missing or not
+    UTF-8 (NSA_CONFIG), a profile the config lacks, a threshold or switch that is no value (read by
+    `bench run` before any cell, on a CPU too), and a history store that is a file."""
+    bench_run = lambda t: ["run", "--suites", "fa2", "--size", "smoke", "--device", "cpu",  # noqa: E731
+                           "--out", str(t / "out" / "r.json")]
+    decide = lambda t: ["decide", "--results", str(t / "good.json"), "--out", str(t / "out" / "d.json")]  # noqa: E731
+    pipeline = lambda t: ["pipeline", "--results", str(t / "good.json"), "--out-dir", str(t / "out"),  # noqa: E731
+                          "--dry-run"]
+    history = lambda t: ["history", "--decision", str(t / "decision.json"), "--results", str(t / "good.json"),  # noqa: E731
+                         "--out-dir", str(t / "out")]
+    bad_config = {"NSA_CONFIG-missing": lambda t: {"NSA_CONFIG": str(t / "missing.yaml")},
+                  "NSA_CONFIG-not-utf8": lambda t: {"NSA_CONFIG": str(t / "bad.yaml")}}
+    not_utf8 = _write("bad.yaml", b"\xff\xfe" + VALID_CONFIG.encode())
+    cases = [Case(f"ci-{name}-{env_id}", "ci", argv, not_utf8, env=env)
+             for env_id, env in bad_config.items()
+             for name, argv in (("decide", decide), ("pipeline", pipeline), ("history", history))]
+    cases += [Case(f"bench-run-{env_id}", "bench", bench_run, not_utf8, env=env) for env_id, env in bad_config.items()]
+    for name, value in (("NSA_PROFILE", "junk"), ("NSA_PROFILE", "sm90 "), ("NSA_FA2_MIN_LEN_WIN", "abc"),
+                        ("NSA_FA2_MIN_LEN_WIN", "-7"), ("NSA_USE_FA2", "maybe"), ("NSA_FA2_FORCE", "yes")):
+        cases.append(Case(f"bench-run-{name}-{value.strip() or 'blank'}{'-space' if value != value.strip() else ''}",
+                          "bench", bench_run, env=lambda t, n=name, v=value: {n: v}))
+    cases += [Case(f"ci-{name}-NSA_HISTORY_DIR-is-a-file", "ci", argv, env=lambda t: {"NSA_HISTORY_DIR": str(t / "good.yaml")})
+              for name, argv in (("pipeline", pipeline), ("history", history))]
     return cases
 
 
@@ -420,7 +448,7 @@ def _snapshot(root: Path) -> dict[str, str]:
 
 
 GOOD_DECISION_PLACEHOLDER = "decision.json"
-CASES = _results_cases() + _config_cases() + _flag_cases() + _os_fault_cases()
+CASES = _results_cases() + _config_cases() + _flag_cases() + _os_fault_cases() + _env_cases()
 # The same order as _decision_cases builds them (that needs the real decision, made in a fixture).
 DECISION_CASE_IDS = ([f"ci-report-decision-{n}" for n in BAD_DECISIONS]
                      + [f"ci-pr-decision-{n}" for n in {**BAD_DECISIONS, **BAD_FOR_PR}])
@@ -436,6 +464,8 @@ def _run(case: Case, tmp: Path, good_decision: Doc, monkeypatch: pytest.MonkeyPa
     (tmp / "report").mkdir()
     (tmp / "report" / "report.md").write_text("# report\n", encoding="utf-8")
     case.setup(tmp)
+    for name, value in case.env(tmp).items():
+        monkeypatch.setenv(name, value)
     if case.fault == "read-only":
         _read_only(tmp, monkeypatch)
     before = _snapshot(tmp)
