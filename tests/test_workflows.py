@@ -145,10 +145,10 @@ def test_make_test_and_test_slow_split_the_suite_by_the_slow_marker() -> None:
     """`make test` (push, pull request; the README's test command) leaves the `slow` tests out, `make
     test-slow` (slow-tests.yml, nightly) runs only them: together the whole suite. PYTEST_ARGS comes
     last, so a -m there replaces the marker expression."""
-    assert _recipe("test") == ['$(PY) -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)']
-    assert _recipe("test-slow") == ["$(PY) -m pytest -n 2 -m slow $(PYTEST_ARGS)"]
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert 'The test command runs `pytest -n 2 -m "not slow"`' in readme
+    assert _recipe("test") == ['$(PY) -m pytest -n 2 --dist worksteal -m "not slow" $(PYTEST_ARGS)']
+    assert _recipe("test-slow") == ["$(PY) -m pytest -n 2 --dist worksteal -m slow $(PYTEST_ARGS)"]
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    assert 'The test command runs `pytest -n 2 --dist worksteal -m "not slow"`' in readme
     assert (REPO / ".ci" / "run").read_text(encoding="utf-8").rstrip().endswith("exec make test")
     doc = load(SLOW)
     assert set(triggers(doc)) == {"schedule", "workflow_dispatch"}
