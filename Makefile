@@ -74,7 +74,7 @@ test-slow: setup
 
 ## lint: ruff over the code, actionlint and zizmor over the workflows (offline: no GitHub API calls)
 lint: setup
-	$(PY) -m ruff check nsa bench ci tests
+	$(PY) -m ruff check nsa_contract nsa bench ci tests
 	$(VENV)/bin/actionlint
 	$(VENV)/bin/zizmor --offline --no-progress .github/workflows
 

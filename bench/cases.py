@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.results import case_id
+from nsa_contract.results import case_id
 
 SIZES = ("smoke", "nightly", "full")
 ROLES = ("baseline", "candidate")

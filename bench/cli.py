@@ -22,12 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import results, suites
+from bench import suites
 from bench.cases import SIZES, Cell, shard
 from bench.timing import Timer
-from nsa import keys
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED_CASES = 0, 1, 2, 3
+from nsa_contract import exits, keys, results
+from nsa_contract import suites as lists
 
 
 def _csv_list(text: str) -> list[str]:
@@ -78,10 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    suite_help = f"comma-separated, from {', '.join(suites.SUITES)} (or all)"
+    suite_help = (f"comma-separated, from {', '.join(suites.SUITES)}; or a list: all (every suite), "
+                  + ", ".join(f"{name} ({lists.joined(names)})" for name, names in lists.SETS.items())
+                  + " (default: %(default)s)")
 
     run = sub.add_parser("run", help="run suites and write one results file")
-    run.add_argument("--suites", default=",".join(suites.DEFAULT_SUITES), help=suite_help)
+    run.add_argument("--suites", default=lists.joined(lists.DEFAULT), help=suite_help)
     run.add_argument("--size", choices=SIZES, default="smoke")
     run.add_argument("--out", default="out/results.json", help="results file to write")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -102,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     add_timer_args(run)
 
     lst = sub.add_parser("list", help="print the case ids a run would produce, without running")
-    lst.add_argument("--suites", default=",".join(suites.DEFAULT_SUITES), help=suite_help)
+    lst.add_argument("--suites", default=lists.joined(lists.DEFAULT), help=suite_help)
     lst.add_argument("--size", choices=SIZES, default="smoke")
     lst.add_argument("--backends", type=_csv_list)
 
@@ -129,19 +130,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return execute(cells, args, command=command, size=args.size, suite_names=names, shard_argv=argv)
     except (ValueError, results.ResultsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, ValueError) and not isinstance(exc, results.ResultsError) \
-            else EXIT_ERROR
+        return exits.BAD_INPUT if isinstance(exc, ValueError) and not isinstance(exc, results.ResultsError) \
+            else exits.ERROR
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return exits.ERROR
     except OSError as exc:  # a full disk, `ulimit -f`, an unwritable folder: one line with the path and the fix
-        from ci.args import file_system_error
+        from nsa_contract.paths import file_system_error
 
         message = file_system_error(exc)
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)
-        return EXIT_USAGE
+        return exits.BAD_INPUT
 
 
 def _suites(text: str) -> list[str]:
@@ -163,12 +164,12 @@ def _list(args: argparse.Namespace) -> int:
         sys.stdout.flush()
     except BrokenPipeError:  # `| head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return EXIT_OK
+    return exits.OK
 
 
 def _check_out(path: str, flag: str) -> None:
     """Refuse an output path that cannot be written before any case runs (a sweep takes hours)."""
-    from ci.args import InputError, check_out_file
+    from nsa_contract.paths import InputError, check_out_file
 
     try:
         check_out_file(path, flag)
@@ -184,7 +185,7 @@ def _merge(args: argparse.Namespace) -> int:
         raise ValueError(str(exc)) from None
     results.dump(doc, args.out)
     print(f"merged {len(args.files)} files, {len(doc['cases'])} cases -> {args.out}", file=sys.stderr)
-    return EXIT_OK
+    return exits.OK
 
 
 def _threshold_arg(text: str) -> int:
@@ -281,7 +282,7 @@ def _finish(doc: dict[str, Any], args: argparse.Namespace) -> int:
     for case in doc["cases"]:
         if case["status"] == "failed":
             print(f"  FAILED {case['id']}: {case['reason']}", file=sys.stderr)
-    return EXIT_FAILED_CASES if args.strict and counts["failed"] else EXIT_OK
+    return exits.FAILED_CASES if args.strict and counts["failed"] else exits.OK
 
 
 def _run_shards(args: argparse.Namespace, command: str, argv: list[str], gpus: list[str]) -> int:
@@ -297,7 +298,7 @@ def _run_shards(args: argparse.Namespace, command: str, argv: list[str], gpus: l
         docs, failed = [], []
         for gpu, out, proc in procs:
             rc = proc.wait()
-            if rc not in (EXIT_OK, EXIT_FAILED_CASES) or not Path(out).exists():
+            if rc not in (exits.OK, exits.FAILED_CASES) or not Path(out).exists():
                 failed.append(f"GPU {gpu} exited {rc}")
             else:
                 docs.append(results.load(out))
@@ -310,7 +311,7 @@ def _run_shards(args: argparse.Namespace, command: str, argv: list[str], gpus: l
     code = _finish(doc, args)
     if failed:
         print(f"error: {'; '.join(failed)}; their cases are missing from {args.out}", file=sys.stderr)
-        return EXIT_ERROR
+        return exits.ERROR
     return code
 
 

@@ -8,8 +8,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from bench import cli, results
+from bench import cli
 from bench.cases import Cell
+from nsa_contract import exits, results
 
 
 def int_list(text: str) -> list[int]:
@@ -38,7 +39,7 @@ def run(cells: list[Cell], args: argparse.Namespace, *, script: str, argv: Seque
         code = cli.execute(cells, args, command=command, size=size, suite_names=[suite])
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return cli.EXIT_ERROR, None
+        return exits.ERROR, None
     return code, results.load(args.out)
 
 

@@ -36,9 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
-from bench import results
 from bench.cases import Cell, Workload
 from bench.timing import Clock, Timer, default_clock, measure, peak_memory
+from nsa_contract import results
 
 TIMERS = {
     "smoke": Timer(warmup_ms=5, rep_ms=20, min_rep=5),

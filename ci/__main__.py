@@ -16,18 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ci import guard
-from ci.args import (
-    InputError,
-    check_out_dir,
-    check_out_file,
-    check_yaml_file,
-    file_system_error,
-    parse_margin,
-)
+from ci.args import parse_margin
+from nsa_contract import exits
+from nsa_contract.paths import InputError, check_out_dir, check_out_file, check_yaml_file, file_system_error
 
 # Stage modules that pull in numpy, PyYAML or Jinja (decide, report) are imported when their
 # subcommand runs: `guard` must work on a runner before anything is installed.
-EXIT_BAD_INPUT = 2
 CONFIG_FIX = "pass --config configs/base.yaml"
 # What the `pipeline` extra installs (pyproject.toml), by import name: without them a stage cannot run.
 PIPELINE_MODULES = ("numpy", "jinja2", "matplotlib", "github", "ruamel", "requests", "yaml")
@@ -70,7 +64,7 @@ def _decide_args(p: argparse.ArgumentParser) -> None:
 
 def _decide_run(args: argparse.Namespace) -> int:
     from ci import decide
-    from nsa.settings import config_source
+    from nsa_contract.settings import config_source
 
     path, source = config_source(args.config)
     config = str(path)
@@ -168,7 +162,7 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
     A stage module that was never imported cannot have raised its error, so looking them up in
     sys.modules keeps `guard` free of their dependencies.
     """
-    from bench.results import ResultsError
+    from nsa_contract.results import ResultsError
 
     found: list[type[BaseException]] = [InputError, ResultsError]
     for module, name in (("ci.decide", "DecideError"), ("ci.report", "ReportError")):
@@ -187,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: the pipeline needs the module {exc.name}, which is not installed; {PIPELINE_FIX}",
               file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exits.BAD_INPUT
     except Exception as exc:
         # A file-system fault (a full disk, `ulimit -f`, a folder that cannot be written) is bad input
         # too: one line with the path and the fix, not a traceback.
@@ -195,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         if message is None and not isinstance(exc, _bad_input_errors()):
             raise
         print(f"error: {message or exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exits.BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -19,11 +19,10 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from bench import results
 from ci import stats
-from nsa import keys
+from nsa_contract import keys, results, suites
 
-SUITE = "auto"
+SUITE = suites.AUTO
 AUTO_PLAN = "auto"
 OPS = ("nsa_prefill", "nsa_decode")
 LIMIT = 1.10  # auto may be at most 10% slower than the best plan (docs/pipeline.md)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ci import stats
-from nsa import keys
+from nsa_contract import keys
 
 BASELINE = "sdpa"
 FA2_BACKENDS = tuple(dict.fromkeys(c for k in keys.of_family("fa2") for c in k.candidates))
@@ -45,10 +45,10 @@ class Cell:
     verdict: str
     reason: str
     branch: str | None = None
-    cls: str | None = None  # shape class (nsa.keys.class_of): a class decides from its own cells only
+    cls: str | None = None  # shape class (nsa_contract.keys.class_of): a class decides from its own cells only
     used_for_decision: bool = False
     note: str = ""
-    # What `auto` picks for this cell under the config in force (nsa.settings.Settings.planned).
+    # What `auto` picks for this cell under the config in force (nsa_contract.settings.Settings.planned).
     auto_backend: str | None = None
     auto_why: str = ""
     parity: dict[str, Any] | None = field(default=None)

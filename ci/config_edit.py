@@ -7,7 +7,7 @@ indentation, normalises line endings, ...), or the value is or becomes a per-cla
 rewrites only the value token on each edited key's line (``ci.yaml_tokens``). A per-class value
 is written as a one-line flow mapping, ``{g1: -1, g2: 2048, g4: 2048, g8: 1024, g16: 1024}``.
 
-One loader: the file is read through ``nsa.settings`` before the edit (a config it rejects is
+One loader: the file is read through ``nsa_contract.settings`` before the edit (a config it rejects is
 refused with its message) and after it (the new text must load and hold the intended values),
 besides the checks that only the edited keys changed, parsed and line by line.
 """
@@ -26,8 +26,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-from ci import values, yaml_tokens
-from nsa import keys, settings
+from ci import yaml_tokens
+from nsa_contract import keys, settings, values
 
 __all__ = ["ConfigEditError", "apply_to_file", "edit_thresholds", "unified_diff"]
 
@@ -104,13 +104,13 @@ def _profile_block(doc: CommentedMap, profile: str, source: str) -> CommentedMap
 
 def _check_changes(block: CommentedMap, profile: str, changes: Mapping[str, Any],
                    source: str) -> dict[str, values.Value]:
-    """The changes validated by the loader's own rule (`nsa.settings.threshold`), mappings in class order."""
+    """The changes validated by the loader's own rule (`nsa_contract.settings.threshold`), mappings in class order."""
     checked: dict[str, values.Value] = {}
     for key, value in changes.items():
         name = f"profiles.{profile}.{key}"
         if key not in keys.names():
             raise ConfigEditError(
-                f"{name} must be a decision key declared in nsa/keys.py ({', '.join(keys.names())}), got "
+                f"{name} must be a decision key declared in nsa_contract/keys.py ({', '.join(keys.names())}), got "
                 f"{key!r}; fix the decision file or declare the key"
             )
         if key not in block:
@@ -198,12 +198,12 @@ def edit_thresholds(text: str, profile: str, changes: Mapping[str, values.Value]
     """Return ``text`` with ``profiles.<profile>.<key>`` set to each value in ``changes``.
 
     A value is an int (every class) or a mapping of classes to ints, written as a one-line flow
-    mapping in `nsa.keys.CLASSES` order. Pure: no file access. Only existing keys of an existing
+    mapping in `nsa_contract.keys.CLASSES` order. Pure: no file access. Only existing keys of an existing
     profile are edited (no key is ever added); every other byte is kept. ``source`` names the file
     in error messages.
 
     Raises:
-        ConfigEditError: a config the loader (nsa.settings) rejects, a missing profile or key, a
+        ConfigEditError: a config the loader (nsa_contract.settings) rejects, a missing profile or key, a
         value the loader would reject, or a layout that cannot be edited on the value's line.
     """
     doc = _load(text, source)

@@ -1,8 +1,8 @@
 """`ci decide`: turn results files into one threshold decision per (decision key, shape class).
 
-The rule is docs/pipeline.md ("Decision"), applied to every key declared in `nsa.keys` alike: the
+The rule is docs/pipeline.md ("Decision"), applied to every key declared in `nsa_contract.keys` alike: the
 key's candidate backend against masked SDPA in the key's suite, the same statistics, margin and
-threshold rule. Cells are grouped by shape class (`nsa.keys.class_of`: the GQA group size bucket),
+threshold rule. Cells are grouped by shape class (`nsa_contract.keys.class_of`: the GQA group size bucket),
 and a class decides only from its own cells, so one layout never vetoes another that dispatch
 would not confuse with it. Only cells at the model's configured grid (window, compression and
 selection parameters) decide; every other pair is reported only. Cells where both sides are
@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import results
-from ci import autobest, gates, stats, values
+from ci import autobest, gates, stats
 from ci.cells import (
     Cell,
     case_problem,
@@ -36,11 +35,8 @@ from ci.cells import (
     parity_failed,
 )
 from ci.noise import CALIBRATION_SUITE, noise_floor
-from nsa import keys, settings
-
-SCHEMA = "nsa-decision/2"
-DECISION_SUITE = "fa2"  # the suite of decision files that predate `suite` per branch
-EXIT_OK, EXIT_BAD_INPUT, EXIT_PARITY = 0, 2, 3
+from nsa_contract import exits, keys, results, settings, values
+from nsa_contract.decision import SCHEMA, Decision
 
 
 class DecideError(ValueError):
@@ -65,7 +61,7 @@ FAMILY = {f.name: f for f in FAMILIES}
 
 @dataclass(frozen=True)
 class Branch:
-    """One decision key as `ci` sees it (derived from `nsa.keys.KEYS`)."""
+    """One decision key as `ci` sees it (derived from `nsa_contract.keys.KEYS`)."""
 
     name: str  # the key's decision_id: its entry in the decision's `branches`
     op: str
@@ -78,7 +74,6 @@ class Branch:
 
 
 BRANCHES = tuple(Branch(k.decision_id, k.op, k.name, FAMILY[k.family]) for k in keys.KEYS)
-DECISION_SUITES = tuple(f.suite for f in FAMILIES)
 
 
 # The paper's names of the grid fields, grouped as the model configures them (arXiv 2502.11089 Sec. 3).
@@ -138,7 +133,7 @@ class DecideConfig:
 
 
 def load_config(path: str | os.PathLike[str] | None = None, margin: float | None = None) -> DecideConfig:
-    """The config through the one loader (nsa.settings), with an optional margin override."""
+    """The config through the one loader (nsa_contract.settings), with an optional margin override."""
     try:
         cfg = settings.load(path)
     except settings.SettingsError as exc:
@@ -421,7 +416,7 @@ def decide(sources: Sequence[tuple[str, Mapping[str, Any]]], cfg: DecideConfig) 
         "cases": [{"id": c["id"], "suite": c["suite"], "op": c["op"], "backend": c["backend"],
                    "status": c["status"], "median_ms": (c.get("timing") or {}).get("median_ms"),
                    "p20_ms": (c.get("timing") or {}).get("p20_ms")} for c in cases],
-        "exit_code": EXIT_PARITY if any(f["parity_failed"] for f in failures) else EXIT_OK,
+        "exit_code": exits.FAILED_CASES if any(f["parity_failed"] for f in failures) else exits.OK,
     }
 
 
@@ -433,10 +428,8 @@ def decide_files(results_paths: Sequence[str | os.PathLike[str]], config_path: s
 
 
 def write_decision(doc: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write atomically (ci.atomic): a failed write leaves the previous file, never a truncated one."""
-    from ci import atomic
-
-    return Path(atomic.write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n"))
+    """Validate (nsa_contract.decision), then write atomically: a failed write leaves the previous file."""
+    return Decision.from_dict(doc, "the decision of `ci decide`").write(path)
 
 
 def summary_lines(doc: Mapping[str, Any]) -> list[str]:

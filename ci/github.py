@@ -311,8 +311,8 @@ def _delete_branch(s: _Session, repo: Repository, branch: str) -> None:
 
 
 def _config_at(s: _Session, repo: Repository, config_path: str, sha: str, where: str) -> Any:
-    """The config at commit ``sha``, read by the one loader (``nsa.settings``)."""
-    from nsa import settings
+    """The config at commit ``sha``, read by the one loader (``nsa_contract.settings``)."""
+    from nsa_contract import settings
 
     with s.call("GET", f"/contents/{config_path}?ref={sha}"):
         found = repo.get_contents(config_path, ref=sha)

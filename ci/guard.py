@@ -23,9 +23,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from nsa_contract import exits
+
 HELP = "refuse to run unless the event is schedule, or workflow_dispatch on the default branch"
 TRUSTED_EVENTS = ("schedule", "workflow_dispatch")
-EXIT_OK, EXIT_REFUSED = 0, 2
 FIX = ("run it from the Actions tab (workflow_dispatch) on the default branch, or let the nightly "
        "schedule run it; README: \"Security: the self-hosted GPU runner\"")
 
@@ -80,6 +81,6 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
         why = check(os.environ if env is None else env)
     except Refused as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
+        return exits.BAD_INPUT
     print(f"guard: ok, {why}")
-    return EXIT_OK
+    return exits.OK

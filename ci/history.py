@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from bench.results import MACHINE_FIELDS, RUN_FIELDS, SM
+from nsa_contract.results import MACHINE_FIELDS, RUN_FIELDS, SM
 
 SCHEMA = "nsa-history/1"
 BRANCH = "nsa-history"

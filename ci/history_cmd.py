@@ -53,15 +53,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench import results
-from ci import decide, history, lasting, regress
-from ci.args import InputError, check_out_dir, check_out_file, env_dry_run
+from ci import history, lasting, regress
+from ci.args import env_dry_run
 from ci.history import HistoryError, HistoryRun
-from nsa import keys, settings
+from nsa_contract import exits, keys, results, settings, values
+from nsa_contract.decision import Decision, DecisionError
+from nsa_contract.paths import InputError, check_out_dir, check_out_file
 
 __all__ = ["DESCRIPTION", "HELP", "HistoryInputError", "add_arguments", "main"]
 
-EXIT_OK, EXIT_GITHUB, EXIT_INPUT, EXIT_REGRESSION = 0, 1, 2, 4
 HISTORY_DIR_ENV = "NSA_HISTORY_DIR"
 HELP = "keep only threshold changes that last K runs, save the run's history, flag regressions"
 DESCRIPTION = __doc__ or ""
@@ -118,46 +118,28 @@ def _smoke(merged: Mapping[str, Any]) -> bool:
 
 
 def load_decision(path: str | os.PathLike[str], merged: Mapping[str, Any]) -> dict[str, Any]:
-    """The decision file, checked lightly against the schema and against these results."""
+    """The decision file, validated by the one decision schema (nsa_contract.decision), with the
+    per-class entries this command rewrites, and made for these results (profile, run)."""
     fix = "run `python -m ci decide` on the same --results first"
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        decision = Decision.load(path)
     except OSError as exc:
         raise HistoryInputError(f"--decision must be a readable file, got {str(path)!r} "
                                 f"({exc.strerror or exc}); {fix}") from None
-    except ValueError as exc:
-        raise HistoryInputError(f"--decision {path} must be JSON, got a parse error ({exc}); {fix}") from None
-    if not isinstance(doc, dict) or doc.get("schema") != decide.SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise HistoryInputError(f"--decision {path} must have schema {decide.SCHEMA!r}, got {got!r}; {fix}")
-    entries, branches = doc.get("decisions"), doc.get("branches")
-    ok_entries = isinstance(entries, list) and all(
-        isinstance(e, dict) and isinstance(e.get("key"), str) and isinstance(e.get("class"), str)
-        and all(_int(e.get(f)) for f in ("current", "proposed")) and isinstance(e.get("changed"), bool)
-        for e in entries)
-    ok_branches = isinstance(branches, dict) and all(
-        isinstance(b, dict) and isinstance(b.get("key"), str) and isinstance(b.get("classes"), dict)
-        for b in branches.values())
-    if not ok_entries or not ok_branches:
-        raise HistoryInputError(f"--decision {path} must hold `decisions` (key, class, current, proposed, "
-                                f"changed) and `branches` with `classes`; got a file without them; {fix}")
-    by_key = {(e["key"], e["class"]) for e in entries}
-    in_branches = {(b["key"], c) for b in branches.values() for c in b["classes"]}
-    if by_key != in_branches:
-        raise HistoryInputError(f"--decision {path} must list the same (key, class) entries in decisions and "
-                                f"branches, got {sorted(by_key ^ in_branches)[:3]} in one only; {fix}")
-    if doc.get("profile") != merged["machine"]["sm"]:
+    except DecisionError as exc:
+        raise HistoryInputError(f"--decision: {exc}") from None
+    doc = decision.doc
+    if not decision.per_class:
+        raise HistoryInputError(f"--decision {path} must hold `decisions` and `branches` with `classes` (one entry "
+                                f"per key and shape class, as `ci decide` writes them), got a file without them; {fix}")
+    if decision.profile != merged["machine"]["sm"]:
         raise HistoryInputError(f"--decision {path} must be for profile {merged['machine']['sm']} of the "
-                                f"results, got {doc.get('profile')!r}; {fix}")
+                                f"results, got {decision.profile!r}; {fix}")
     ran = {r.get("id") for r in doc.get("runs") or [] if isinstance(r, dict)}
     if ran and merged["run"]["id"] not in ran:
         raise HistoryInputError(f"--decision {path} must decide run {merged['run']['id']} of --results, got "
                                 f"runs {sorted(map(str, ran))}; {fix}")
-    return doc
-
-
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return dict(doc)
 
 
 # -- the decision's rewrite -------------------------------------------------------------------------
@@ -203,7 +185,7 @@ def _branch_summary(branch: Mapping[str, Any], classes: Mapping[str, Mapping[str
         reason = "; ".join(f"{c}: {classes[c]['reason']}" for c in shown)
     else:
         reason = next(iter(classes.values()))["reason"]
-    return {**branch, "proposed": decide.written_value({c: e["proposed"] for c, e in classes.items()}),
+    return {**branch, "proposed": values.written({c: e["proposed"] for c, e in classes.items()}),
             "changed": bool(changed), "reason": reason, "classes": dict(classes)}
 
 
@@ -222,19 +204,6 @@ def rewrite(doc: Mapping[str, Any], entries: Sequence[Mapping[str, Any]], raw: S
     branches = {name: _branch_summary(b, {c: by[(b["key"], c)] for c in b["classes"]})
                 for name, b in doc["branches"].items()}
     return {**doc, "branches": branches, "decisions": [by[(e["key"], e["class"])] for e in entries], **extra}
-
-
-def validate(doc: Mapping[str, Any]) -> None:
-    """Check the rewritten decision before it replaces the old one; a ValueError means a bug here."""
-    for e in doc["decisions"]:
-        if e["changed"] != (e["proposed"] != e["current"]):
-            raise ValueError(f"entry {e['key']}/{e['class']}: changed must say proposed != current, got {e}")
-    for name, b in doc["branches"].items():
-        classes = b["classes"]
-        want = decide.written_value({c: e["proposed"] for c, e in classes.items()})
-        if b["proposed"] != want or b["changed"] != any(e["changed"] for e in classes.values()):
-            raise ValueError(f"branch {name} must summarise its classes, got proposed {b['proposed']!r}")
-    json.dumps(doc, allow_nan=False)
 
 
 def deciding_cells(doc: Mapping[str, Any]) -> dict[str, list[str]]:
@@ -290,7 +259,7 @@ def _github_output(env: Mapping[str, str], outcome: Outcome) -> None:
 
 
 def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
-    from ci import atomic
+    from nsa_contract import atomic
 
     atomic.write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
 
@@ -327,10 +296,10 @@ def main(args: argparse.Namespace, *, env: Mapping[str, str] | None = None, conn
         return _main(args, env, connector, out, err)
     except (HistoryInputError, HistoryError, InputError, results.ResultsError, settings.SettingsError) as exc:
         print(f"error: {exc}", file=err)
-        return EXIT_INPUT
+        return exits.BAD_INPUT
     except GitHubError as exc:
         print(f"error: {exc}", file=err)
-        return EXIT_GITHUB
+        return exits.ERROR
 
 
 def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect | None, out: TextIO,
@@ -407,8 +376,8 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
         "regressions": {"margin": margin, "k": k, "time_floor_ms": floor, "rows": [r.to_dict() for r in rows],
                         "flagged": flagged},
     })
-    validate(new_doc)
-    decide.write_decision(new_doc, args.decision)
+    # Validated before it replaces the old file (a DecisionError here is a bug in the rewrite, not bad input).
+    Decision.from_dict(new_doc, "the decision `ci history` rewrote").write(args.decision)
     held = [f"{e['key']}[{e['class']}]" for e in entries if e["lasting"]["held"]]
     back = [f"{e['key']}[{e['class']}]" for e in entries if e["lasting"]["held"] is False]
     o.decision = (f"{len(held)} change(s) lasted {k} runs, {len(back)} held back; rewrote {args.decision}")
@@ -437,7 +406,7 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
         planned = "skipped" if scope else ("created or updated" if plan.regressions else "closed if open")
         if target is None:
             why = "dry run" if dry else "no GITHUB_TOKEN or GH_TOKEN with GITHUB_REPOSITORY"
-            from ci import atomic
+            from nsa_contract import atomic
 
             atomic.write_text(out_dir / "issue_body.md", plan.body)
             o.issue = "dry-run"
@@ -471,7 +440,7 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
         raise
     finally:
         _finish(o, args, out_dir, record, flagged, env, out)
-    return EXIT_REGRESSION if flagged else EXIT_OK
+    return exits.REGRESSION if flagged else exits.OK
 
 
 def _finish(o: Outcome, args: argparse.Namespace, out_dir: Path, record: HistoryRun, flagged: list[str],

@@ -10,10 +10,11 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from bench.results import case_id
 from ci import stats
+from nsa_contract import suites
+from nsa_contract.results import case_id
 
-CALIBRATION_SUITE = "calibration"
+CALIBRATION_SUITE = suites.CALIBRATION
 # Sub-50 us kernels are dominated by launch jitter; their A/A spread says little about the
 # millisecond-scale cells that decide thresholds, so they do not set the worst half-width.
 MIN_MEDIAN_MS = 0.05

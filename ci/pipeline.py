@@ -1,13 +1,15 @@
 """`python -m ci pipeline`: the project's main job, sweep -> decide -> history -> report -> PR, on any machine.
 
-Stages, each a file under --out-dir (default out/):
+Stages, in the order of ci.stages (the GPU workflow runs the same list), each a file under
+--out-dir (default out/):
   sweep   `python -m bench run` in a subprocess (ci never imports torch) -> results.json.
           `--size auto` asks a subprocess whether torch sees a GPU: CUDA -> nightly, CPU -> smoke
           (FA-2 needs CUDA, so a CPU run records it as unavailable and the report says so; the triton
           suite runs on a CPU only under TRITON_INTERPRET=1, and CPU timings never propose).
-          Suites by default: fa2,triton,calibration, plus auto,fast,decode,train (auto against the best
-          plan, the fast path at the paper layout, decode steps, training steps) for a nightly or full sweep on
-          CUDA, as the GPU workflow's nightly sweep; a CPU smoke run stays short.
+          Suites by default (nsa_contract.suites): the `default` list, fa2,triton,calibration; for a
+          nightly or full sweep on CUDA the `nightly` list, which adds auto,fast,decode,train (auto against
+          the best plan, the fast path at the paper layout, decode steps, training steps), as the GPU
+          workflow's sweep; a CPU smoke run stays short.
           Skipped with --results, which decides on existing results files instead.
   decide  -> decision.json (exit 3 on parity failures; history and the report still run, the PR does not).
   history `python -m ci history` -> history/ (history.json, trends/*.png, issue files), and rewrites
@@ -47,27 +49,23 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ci.args import InputError, check_out_dir, env_dry_run, file_system_error, parse_margin
-from ci.values import text
+from ci import stages
+from ci.args import env_dry_run, parse_margin
+from nsa_contract import exits
+from nsa_contract import suites as lists
+from nsa_contract.paths import InputError, check_out_dir, file_system_error
+from nsa_contract.values import text
 
 HELP = "the main job: sweep this machine, decide, report, threshold PR (dry run without a token)"
-# FA-2 and the own Triton kernels against masked SDPA (the fa2_* and triton_* keys), plus the A/A
-# runs that set the noise floor.
-DEFAULT_SUITES = "fa2,triton,calibration"
-# Added for a nightly or full sweep on CUDA: auto against every plan, the fast path at the paper
-# layout and decode steps (the GPU workflow's nightly suites; a CPU smoke run stays short).
-GPU_SUITES = "auto,fast,decode,train"
 GPU_SIZES = ("nightly", "full")
 HISTORY_ENV, HISTORY_STORE = "NSA_HISTORY_DIR", "history-store"
-EXIT_REGRESSION = 4
 SIZES = ("auto", "smoke", "nightly", "full")
 SIZE_FOR_DEVICE = {"cpu": "smoke", "cuda": "nightly"}
 PROBE = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"
-EXIT_FAILED, EXIT_BAD_INPUT = 1, 2
 
 Stage = Callable[[list[str]], int]  # `python -m ci <argv>` in this process; returns its exit code
 Probe = Callable[[], str]  # "cuda" or "cpu"
@@ -83,15 +81,15 @@ class StageResult:
 
 
 class StageFailed(Exception):
-    def __init__(self, message: str, rc: int = EXIT_FAILED) -> None:
+    def __init__(self, message: str, rc: int = exits.ERROR) -> None:
         super().__init__(message)
         self.rc = rc
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suites", default=None,
-                   help=f"bench suites to sweep (default: {DEFAULT_SUITES}, plus {GPU_SUITES} for a nightly or "
-                        "full sweep on CUDA)")
+                   help=f"bench suites to sweep (default: {lists.joined(lists.DEFAULT)}, plus "
+                        f"{lists.joined(lists.GPU)} for a nightly or full sweep on CUDA: the `nightly` list)")
     p.add_argument("--size", choices=SIZES, default="auto",
                    help="sweep size; auto: nightly when torch sees a GPU, smoke otherwise (default: %(default)s)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
@@ -145,9 +143,9 @@ def suites(args: argparse.Namespace, device: str, size: str, probe: Probe) -> st
     if args.suites is not None:
         return str(args.suites)
     if size not in GPU_SIZES:
-        return DEFAULT_SUITES
+        return lists.joined(lists.DEFAULT)
     on_cuda = device == "cuda" or (device == "auto" and probe() == "cuda")
-    return f"{DEFAULT_SUITES},{GPU_SUITES}" if on_cuda else DEFAULT_SUITES
+    return lists.joined(lists.NIGHTLY if on_cuda else lists.DEFAULT)
 
 
 def history_dir(args: argparse.Namespace, out: Path) -> str:
@@ -161,7 +159,7 @@ def _sweep(args: argparse.Namespace, out_file: Path, probe: Probe) -> str:
     rc = subprocess.call(cmd)
     if rc != 0 or not out_file.is_file():
         raise StageFailed(f"`python -m bench run` exited {rc}" + ("" if out_file.is_file() else
-                          f" without writing {out_file}"), rc or EXIT_FAILED)
+                          f" without writing {out_file}"), rc or exits.ERROR)
     machine = _read_json(out_file).get("machine", {})
     return f"{out_file} ({machine.get('gpu_name', device)}, size {size}, suites {cmd[cmd.index('--suites') + 1]})"
 
@@ -182,7 +180,7 @@ def _call(stage: Stage, argv: list[str]) -> int:
         return exc.code if isinstance(exc.code, int) else 2
     except Exception:  # a bug in the stage: its traceback, then the other stages' outcome and the summary
         traceback.print_exc()
-        return EXIT_FAILED
+        return exits.ERROR
 
 
 def _timed(name: str, fn: Callable[[], tuple[int, str]]) -> StageResult:
@@ -237,7 +235,7 @@ def run(args: argparse.Namespace, stage: Stage, probe: Probe = probe_device) -> 
         check_paths(args, out)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exits.BAD_INPUT
     done: list[StageResult] = []
     try:
         return _stages(args, stage, probe, out, done)
@@ -246,47 +244,96 @@ def run(args: argparse.Namespace, stage: Stage, probe: Probe = probe_device) -> 
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)
-        done.append(StageResult("files", "failed", EXIT_BAD_INPUT, detail=message))
+        done.append(StageResult("files", "failed", exits.BAD_INPUT, detail=message))
         return _finish(done, {}, None)
 
 
-def _stages(args: argparse.Namespace, stage: Stage, probe: Probe, out: Path, done: list[StageResult]) -> int:
-    decision, report_dir, pr_dir = out / "decision.json", out / "report", out / "pr"
-    history_out = out / "history"
-    if args.results:
-        files = list(args.results)
-        done.append(StageResult("sweep", "skipped", detail="--results " + " ".join(files)))
-    else:
-        files = [str(out / "results.json")]
-        out.mkdir(parents=True, exist_ok=True)
-        _clear(out / "results.json")
-        done.append(_timed("sweep", lambda: (0, _sweep(args, out / "results.json", probe))))
-        if done[-1].status == "failed":
-            return _finish(done, {}, report_dir)
+@dataclass
+class _Run:
+    """One pipeline run, as its stages (ci.stages, in order) see it."""
 
-    margin = [] if args.margin is None else ["--margin", repr(args.margin)]
-    config = [] if args.config is None else ["--config", args.config]
-    for path in (decision, history_out, report_dir, pr_dir):
-        _clear(path)
-    done.append(_timed("decide", lambda: (_call(stage, ["decide", "--results", *files, *config,
-                                                         *margin, "--out", str(decision)]), str(decision))))
+    args: argparse.Namespace
+    stage: Stage
+    probe: Probe
+    out: Path
+    done: list[StageResult]
+    files: list[str] = field(default_factory=list)  # the results files decided on
+    doc: dict[str, Any] = field(default_factory=dict)  # the decision as last read ({}: none this run)
+    stop: bool = False  # no later stage runs (and none is listed)
+
+    def path(self, name: str) -> Path:
+        """Where stage `name` writes (ci.stages), under --out-dir."""
+        return self.out / stages.get(name).writes
+
+    def vetted(self) -> bool:
+        """Whether `ci history` rewrote the decision this run (as the workflow's `steps.history.outputs.history
+        != ''`: history.json is written from then on, also with exit 4 or a GitHub error after it)."""
+        return (self.path("history") / "history.json").is_file()
+
+
+def _stages(args: argparse.Namespace, stage: Stage, probe: Probe, out: Path, done: list[StageResult]) -> int:
+    run = _Run(args, stage, probe, out, done)
+    for step in stages.STAGES:
+        done.append(RUNNERS[step.name](run))
+        if run.stop:
+            break
+    report_ok = any(r.name == "report" and r.status == "ok" for r in done)
+    return _finish(done, run.doc, run.path("report") if report_ok else None)
+
+
+def _run_sweep(run: _Run) -> StageResult:
+    if run.args.results:
+        run.files = list(run.args.results)
+        return StageResult("sweep", "skipped", detail="--results " + " ".join(run.files))
+    results_file = run.path("sweep")
+    run.files = [str(results_file)]
+    run.out.mkdir(parents=True, exist_ok=True)
+    _clear(results_file)
+    result = _timed("sweep", lambda: (0, _sweep(run.args, results_file, run.probe)))
+    run.stop = result.status == "failed"
+    return result
+
+
+def _run_decide(run: _Run) -> StageResult:
+    margin = [] if run.args.margin is None else ["--margin", repr(run.args.margin)]
+    config = [] if run.args.config is None else ["--config", run.args.config]
+    for later in stages.STAGES[stages.NAMES.index("decide"):]:  # never show an earlier run's files
+        _clear(run.path(later.name))
+    decision = run.path("decide")
+    result = _timed("decide", lambda: (_call(run.stage, ["decide", "--results", *run.files, *config, *margin,
+                                                         "--out", str(decision)]), str(decision)))
     # Exit 3 (parity failure) still writes the decision, and history and the report show the failures.
-    if not (_read_json(decision) if done[-1].rc in (0, 3) else {}):
-        return _finish(done, {}, report_dir)
-    done.append(_history(args, stage, files, decision, history_out, history_dir(args, out)))
-    # As the workflow's `steps.history.outputs.history != ''`: report and PR run once history rewrote the
-    # decision (history.json is written from then on, also with exit 4 or a GitHub error after it).
-    doc = _read_json(decision)
-    if not (history_out / "history.json").is_file():
-        done.append(StageResult("report", "skipped", detail="history did not rewrite the decision"))
-        done.append(StageResult("pr", "skipped", detail="history did not rewrite the decision"))
-        return _finish(done, doc, None)
-    previous = ["--previous", args.previous] if args.previous else []
-    done.append(_timed("report", lambda: (_call(stage, ["report", "--decision", str(decision), *previous,
-                                                         "--trends", str(history_out / "trends"),
-                                                         "--out-dir", str(report_dir)]), str(report_dir))))
-    done.append(_pr(args, stage, doc, decision, report_dir, pr_dir, done))
-    return _finish(done, doc, report_dir if done[-2].status == "ok" else None)
+    run.doc = _read_json(decision) if result.rc in (0, exits.FAILED_CASES) else {}
+    run.stop = not run.doc
+    return result
+
+
+def _run_history(run: _Run) -> StageResult:
+    result = _history(run.args, run.stage, run.files, run.path("decide"), run.path("history"),
+                      history_dir(run.args, run.out))
+    run.doc = _read_json(run.path("decide"))
+    return result
+
+
+def _run_report(run: _Run) -> StageResult:
+    if not run.vetted():
+        return StageResult("report", "skipped", detail="history did not rewrite the decision")
+    previous = ["--previous", run.args.previous] if run.args.previous else []
+    report_dir = run.path("report")
+    return _timed("report", lambda: (_call(run.stage, ["report", "--decision", str(run.path("decide")), *previous,
+                                                        "--trends", str(run.path("history") / "trends"),
+                                                        "--out-dir", str(report_dir)]), str(report_dir)))
+
+
+def _run_pr(run: _Run) -> StageResult:
+    if not run.vetted():
+        return StageResult("pr", "skipped", detail="history did not rewrite the decision")
+    return _pr(run.args, run.stage, run.doc, run.path("decide"), run.path("report"), run.path("pr"), run.done)
+
+
+RUNNERS: dict[str, Callable[[_Run], StageResult]] = {
+    "sweep": _run_sweep, "decide": _run_decide, "history": _run_history, "report": _run_report, "pr": _run_pr,
+}
 
 
 def _history(args: argparse.Namespace, stage: Stage, files: Sequence[str], decision: Path, out_dir: Path,
@@ -311,7 +358,7 @@ def _pr(args: argparse.Namespace, stage: Stage, doc: dict[str, Any], decision: P
     # `ci pr --config` is the config's path inside the repository, which the local default matches.
     config = ["--config", args.config] if args.config else []
     # A regression (history exit 4) still lets the PR run, as in the workflow; it fails the pipeline at the end.
-    failed = [r.name for r in done if r.status == "failed" and not (r.name == "history" and r.rc == EXIT_REGRESSION)]
+    failed = [r.name for r in done if r.status == "failed" and not (r.name == "history" and r.rc == exits.REGRESSION)]
     if failed:
         return StageResult("pr", "skipped", detail=f"{' and '.join(failed)} failed")
     if doc.get("profile") == "cpu":
@@ -332,7 +379,7 @@ def _finish(done: Sequence[StageResult], doc: dict[str, Any], report_dir: Path |
         seconds = f"{r.seconds:7.1f} s" if r.seconds is not None else " " * 9
         status = r.status if r.status != "failed" else f"FAILED (exit {r.rc})"
         print(f"  {r.name:<7} {status:<16} {seconds}  {r.detail}")
-    if any(r.name == "history" and r.rc == EXIT_REGRESSION for r in done):
+    if any(r.name == "history" and r.rc == exits.REGRESSION for r in done):
         print("regression: a case is slower than in this GPU model's history; see the report's first section")
     if doc:
         fa2, triton = doc.get("fa2", {}), doc.get("triton", {})

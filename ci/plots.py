@@ -12,9 +12,9 @@ matplotlib.use("Agg")  # headless CI runners have no display; select before pypl
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from nsa import keys  # noqa: E402
+from nsa_contract import keys  # noqa: E402
 
-# (op, candidate label, candidate backends) per key declared in nsa.keys, so a new key gets a plot title too.
+# (op, candidate label, candidate backends) per key declared in nsa_contract.keys, so a new key gets a plot title too.
 BRANCH_LABELS = {k.decision_id: (k.op, k.label, tuple(k.candidates)) for k in keys.KEYS}
 GRID_LABELS = {"sliding": (("w", "window"),), "compressed": (("l", "block"), ("d", "stride")),
                "selected": (("l", "block"), ("d", "stride"), ("l'", "sel_block"), ("n", "sel_count"))}

@@ -15,16 +15,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ci import atomic
-from ci.args import DRY_RUN_ENV, InputError, check_out_dir, env_dry_run
+from ci.args import DRY_RUN_ENV, env_dry_run
 from ci.pr_plan import PlanError, PrPlan, build_plan, load_report, validate_decision
+from nsa_contract import atomic, exits
+from nsa_contract.paths import InputError, check_out_dir
 
 if TYPE_CHECKING:
     from ci.github import Target
 
-__all__ = ["add_arguments", "main", "register", "repo_path", "run", "run_pr"]
+__all__ = ["add_arguments", "main", "repo_path", "run", "run_pr"]
 
-EXIT_OK, EXIT_GITHUB, EXIT_INPUT = 0, 1, 2
 DEFAULT_CONFIG = "configs/base.yaml"
 Connect = Callable[["Target"], Any]
 
@@ -68,19 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="out/pr",
         help="where pr_body.md, config.diff and pr.json go (default: %(default)s)",
     )
-
-
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add the ``pr`` subcommand to an ``argparse`` subparsers object; its ``func`` takes the namespace."""
-    parser = subparsers.add_parser(
-        "pr",
-        help=HELP,
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    parser.set_defaults(func=run)
-    return parser
 
 
 def _write_outputs(out_dir: Path, plan: PrPlan, body: str, diff: str, info: Mapping[str, Any]) -> None:
@@ -153,7 +140,7 @@ def _dry_run(args: argparse.Namespace, plan: PrPlan, why: str, env: Mapping[str,
 
     local = args.config
     if local == DEFAULT_CONFIG and not Path(local).is_file():  # not in a checkout: the installed copy
-        from nsa.resources import default_config_path
+        from nsa_contract.resources import default_config_path
 
         local = str(default_config_path())
     try:
@@ -173,7 +160,7 @@ def _dry_run(args: argparse.Namespace, plan: PrPlan, why: str, env: Mapping[str,
     print(f"dry run ({why}): {would}; wrote pr_body.md, config.diff and pr.json to {args.out_dir}", file=out)
     print("outcome=dry-run", file=out)
     _github_output(env, "dry-run", "")
-    return EXIT_OK
+    return exits.OK
 
 
 def run(
@@ -209,12 +196,12 @@ def run(
             log=lambda line: print(line, file=err),
         )
     except (PlanError, ConfigEditError, InputError, FileNotFoundError) as exc:
-        # FileNotFoundError: nsa.resources found no default config (a broken install).
+        # FileNotFoundError: nsa_contract.resources found no default config (a broken install).
         print(f"error: {exc}", file=err)
-        return EXIT_INPUT
+        return exits.BAD_INPUT
     except GitHubError as exc:
         print(f"error: {exc}", file=err)
-        return EXIT_GITHUB
+        return exits.ERROR
     _write_outputs(
         Path(args.out_dir),
         plan,
@@ -224,7 +211,7 @@ def run(
     )
     print(f"outcome={result.outcome}" + (f" pr_url={result.url}" if result.url else ""), file=out)
     _github_output(env, result.outcome, result.url)
-    return EXIT_OK
+    return exits.OK
 
 
 def run_pr(argv: Sequence[str] | None = None, **kwargs: Any) -> int:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ci import values
-from nsa import keys
+from nsa_contract import keys, values
+from nsa_contract.decision import Decision, DecisionError
 
 __all__ = [
     "BODY_LIMIT",
@@ -34,7 +34,6 @@ __all__ = [
     "validate_decision",
 ]
 
-DECISION_SCHEMA = "nsa-decision/2"  # ci.decide.SCHEMA, not imported: this module stays free of numpy
 BODY_LIMIT = 65536  # GitHub rejects a PR body longer than this many characters
 TITLE_LIMIT = 256
 LABEL = "nsa-thresholds"
@@ -178,52 +177,32 @@ def _read_regular(path: Path) -> bytes:
         return fh.read()
 
 
-def _branches(decision: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    branches = decision.get("branches")
-    if not isinstance(branches, Mapping) or not branches:
-        raise PlanError(
-            f"decision.branches must be a non-empty mapping, got {branches!r}; "
-            "pass the file written by `python -m ci decide`"
-        )
-    for name, b in branches.items():
-        ok = (
-            isinstance(b, Mapping)
-            and isinstance(b.get("key"), str)
-            and all(values.is_value(b.get(k)) for k in ("current", "proposed"))
-            and isinstance(b.get("changed"), bool)
-        )
-        if not ok:
-            raise PlanError(
-                f"decision.branches.{name} must have key (str), current and proposed (int or class -> int) and changed "
-                f"(bool), got {b!r}; pass the file written by `python -m ci decide`"
-            )
-    return dict(branches)
+def _checked(decision: Any) -> Decision:
+    """`decision` through the one decision schema (nsa_contract.decision); PlanError when it breaks it."""
+    try:
+        return Decision.from_dict(decision)
+    except DecisionError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def _shown(value: values.Value) -> str:
     return values.text(value)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def validate_decision(doc: Any) -> None:
     """Raise `PlanError` unless `doc` is a decision a threshold PR may carry.
 
-    A PR may carry a decision only when no cell failed (exit_code 0: no parity failure, no failed
-    cell anywhere) and every proposal is a value the decision rule can produce: -1, or one of the
-    sequence lengths that key's cells were tested at. Anything else (a hand-edited file, a decision
-    from a broken run) would put a value on the PR branch that no measurement supports.
+    Beyond the decision schema (nsa_contract.decision, which every stage applies), a PR may carry a
+    decision only when no cell failed (exit_code 0: no parity failure, no failed cell anywhere), when
+    `ci history` vetted it (each change lasted K runs), and when every change is a value the decision
+    rule can produce: -1, or one of the sequence lengths that key's cells were tested at. Anything
+    else (a hand-edited file, a decision from a broken run) would put a value on the PR branch that
+    no measurement supports.
     """
     fix = "rerun `python -m ci decide` and fix what it reports before opening a PR"
-    if not isinstance(doc, Mapping):
-        raise PlanError(f"decision must be a JSON object, got {type(doc).__name__}; pass out/decision.json")
-    if doc.get("schema") != DECISION_SCHEMA:
-        raise PlanError(f"decision.schema must be {DECISION_SCHEMA!r}, got {doc.get('schema')!r}; pass the file "
-                        "written by `python -m ci decide`")
-    if doc.get("exit_code") != 0 or isinstance(doc.get("exit_code"), bool):
-        raise PlanError(f"decision.exit_code must be 0, got {doc.get('exit_code')!r} (3: parity failure); {fix}")
+    decision = _checked(doc)
+    if decision.exit_code != 0:
+        raise PlanError(f"decision.exit_code must be 0, got {decision.exit_code} (3: parity failure); {fix}")
     cells = doc.get("cells")
     if not isinstance(cells, list) or not all(isinstance(c, Mapping) for c in cells):
         raise PlanError(f"decision.cells must be a list of cells, got {type(cells).__name__}; {fix}")
@@ -236,44 +215,25 @@ def validate_decision(doc: Any) -> None:
                         f"{', ...' if len(shown) > 3 else ''}); {fix}")
     history_fix = ("run `python -m ci history` on it first (the K-run rule: a change needs the same value in the last "
                    "K runs), then pass the decision it rewrote")
-    if not isinstance(doc.get("history"), Mapping):
+    if decision.history is None:
         raise PlanError(f"decision must carry the verdict of `ci history`, got a decision without `history`; "
                         f"{history_fix}")
-    from nsa import settings  # PyYAML: imported here, so `python -m ci guard` needs nothing installed
-
-    for name, b in _branches(doc).items():
-        try:
-            settings.threshold(b["proposed"], f"decision.branches.{name}.proposed")
-        except settings.SettingsError as exc:
-            raise PlanError(f"{exc}; {fix}") from None
-        if b["changed"] != (b["proposed"] != b["current"]):
-            raise PlanError(f"decision.branches.{name}.changed must say whether proposed differs from current, got "
-                            f"changed {b['changed']} with {b['current']} -> {b['proposed']}; {fix}")
+    for name, b in doc["branches"].items():
         classes = b.get("classes")
-        entries = classes.values() if isinstance(classes, Mapping) else [b]
-        if isinstance(classes, Mapping) and classes:
-            per_class = {c: e.get("proposed") for c, e in classes.items() if isinstance(e, Mapping)}
-            whole = next(iter(set(per_class.values()))) if len(set(per_class.values())) == 1 else per_class
-            if b["proposed"] != whole:
-                raise PlanError(f"decision.branches.{name}.proposed must be what its classes propose ({whole}), got "
-                                f"{b['proposed']}; {fix}")
-        for e in entries:
-            where = f"decision.branches.{name}" + (f".classes.{e.get('class')}" if classes else "")
-            lengths = e.get("lengths")
-            if not isinstance(lengths, list) or not all(isinstance(x, Mapping) and _is_int(x.get("T")) for x in lengths):
-                raise PlanError(f"{where}.lengths must be a list of {{T: int, ...}}, got {lengths!r}; {fix}")
-            tested = sorted(x["T"] for x in lengths)
+        for e in classes.values() if classes else [b]:
+            where = f"decision.branches.{name}" + (f".classes.{e['class']}" if classes else "")
+            tested = sorted(x["T"] for x in e["lengths"])
             lasting = e.get("lasting")
             if not isinstance(lasting, Mapping) or not isinstance(lasting.get("covered"), bool):
                 raise PlanError(f"{where}.lasting must be the verdict of `ci history` (held, covered), got "
                                 f"{lasting!r}; {history_fix}")
-            if e.get("changed") and lasting.get("held") is not True:
+            if e["changed"] and lasting.get("held") is not True:
                 raise PlanError(f"{where} must change only a value that lasted (lasting.held true), got "
-                                f"{e.get('current')} -> {e.get('proposed')} with held {lasting.get('held')!r}; "
+                                f"{e['current']} -> {e['proposed']} with held {lasting.get('held')!r}; "
                                 f"{history_fix}")
-            if e.get("changed") and e.get("proposed") != -1 and e.get("proposed") not in tested:
+            if e["changed"] and e["proposed"] != -1 and e["proposed"] not in tested:
                 raise PlanError(f"{where}.proposed must be -1 or a tested length of {b['key']} "
-                                f"({', '.join(map(str, tested)) or 'none tested'}), got {e.get('proposed')}; {fix}")
+                                f"({', '.join(map(str, tested)) or 'none tested'}), got {e['proposed']}; {fix}")
 
 
 def _title(gpu_name: str, profile: str, branches: Mapping[str, Mapping[str, Any]]) -> str:
@@ -344,13 +304,8 @@ def build_plan(decision: Mapping[str, Any], report: str, files: tuple[ReportFile
             f"decision.profile must be a GPU profile such as 'sm90', got {profile!r}; "
             "a run without a GPU proposes no thresholds, so skip `ci pr` for it"
         )
-    gpu_name = decision.get("gpu_name")
-    if not isinstance(gpu_name, str) or not gpu_name.strip():
-        raise PlanError(
-            f"decision.gpu_name must be a non-empty string, got {gpu_name!r}; "
-            "pass the file written by `python -m ci decide`"
-        )
-    branches = _branches(decision)
+    gpu_name = _checked(decision).gpu_name
+    branches = dict(decision["branches"])
     changes = {b["key"]: b["proposed"] for b in branches.values() if b["changed"]}
     covered, uncovered = _coverage(branches)
     gpu_name = safe_name(gpu_name)

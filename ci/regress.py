@@ -51,7 +51,7 @@ import numpy as np
 
 from ci import stats
 from ci.history import HistoryCase, HistoryRun, latest
-from nsa import settings
+from nsa_contract import settings
 
 DEFAULT_MARGIN = 0.1
 DEFAULT_K = 3

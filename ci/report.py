@@ -5,7 +5,7 @@ report.md doubles as the threshold PR body; summary.md is short enough for
 store, changes held back) and `regressions` (rows against the history baseline): flagged
 regressions lead both files, and the trend PNGs of `ci history` (`--trends DIR`) are copied into
 the report folder and embedded. Templates live in the checkout's `templates/` folder (an installed package
-carries copies, see nsa.resources) and render under
+carries copies, see nsa_contract.resources) and render under
 StrictUndefined: a decision file missing a field fails loudly instead of printing a blank.
 """
 
@@ -20,10 +20,11 @@ from typing import Any
 
 import jinja2
 
-from bench import results
-from ci import compare, values
-from ci.decide import DECISION_SUITE, FAMILIES, SCHEMA
-from nsa.resources import templates_dir
+from ci import compare
+from ci.decide import FAMILIES
+from nsa_contract import results, values
+from nsa_contract.decision import SCHEMA, Decision, DecisionError
+from nsa_contract.resources import templates_dir
 
 TEMPLATES = templates_dir()  # the checkout's templates/, else the copies installed with the package
 SUMMARY_LIMIT = 1024 * 1024  # GitHub rejects a step summary above 1 MiB
@@ -96,11 +97,6 @@ def _grid(cell: Mapping[str, Any]) -> str:
     return ", ".join(str(cell["params"].get(k)) for k in keys)
 
 
-def branch_suite(branch: Mapping[str, Any]) -> str:
-    """The suite whose cells decide `branch` (decision files that predate the triton keys: fa2)."""
-    return branch.get("suite", DECISION_SUITE)
-
-
 def _row(cell: Mapping[str, Any]) -> dict[str, Any]:
     # Decision files from before the classes lack `cls` and `auto_backend`: shown as "—".
     return {**cell, "shape": _shape(cell["params"]), "grid": _grid(cell) if cell["branch"] else "",
@@ -109,7 +105,7 @@ def _row(cell: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _branch_rows(decision: Mapping[str, Any], branch: str) -> list[dict[str, Any]]:
-    suite = branch_suite(decision["branches"][branch])
+    suite = decision["branches"][branch]["suite"]
     cells = [c for c in decision["cells"] if c["branch"] == branch and c["suite"] == suite]
     cells.sort(key=lambda c: (not c["used_for_decision"], _grid(c), c["T"] or 0, _shape(c["params"]),
                               c["candidate_backend"]))
@@ -278,7 +274,7 @@ def context(decision: Mapping[str, Any], previous: Mapping[str, Any] | None = No
         "comparison": _comparison(decision, previous, previous_name),
         "plots": {name: (plot_files or {}).get(name) for name in decision["branches"]},
         "grid_header": {name: GRID_COLUMNS.get(b["op"], ("grid", ()))[0] for name, b in decision["branches"].items()},
-        "suites": {name: branch_suite(b) for name, b in decision["branches"].items()},
+        "suites": {name: b["suite"] for name, b in decision["branches"].items()},
         # Candidate families that could not be measured (FA-2 first; the triton entry is absent
         # from decision files that predate it).
         "not_measured": [{"name": f.name, "label": f.label, "reason": decision[f.name]["reason"]}
@@ -325,19 +321,23 @@ def _read_json(path: str | os.PathLike[str], what: str) -> Any:
 
 
 def load_decision(path: str | os.PathLike[str]) -> dict[str, Any]:
-    doc = _read_json(path, "decision file")
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise ReportError(f"decision file {path} must have schema {SCHEMA!r}, got {got!r}; "
-                          "write it with `python -m ci decide`")
-    return doc
+    """The decision file, validated by the one decision schema (nsa_contract.decision)."""
+    try:
+        return dict(Decision.load(path).doc)
+    except OSError as exc:
+        raise ReportError(f"cannot read decision file {path}: {exc.strerror}; check the path") from None
+    except DecisionError as exc:
+        raise ReportError(str(exc)) from None
 
 
 def load_previous(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A previous decision file or results file, for the comparison section."""
     doc = _read_json(path, "previous run")
     if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
-        return doc
+        try:
+            return dict(Decision.from_dict(doc, f"previous run {path}").doc)
+        except DecisionError as exc:
+            raise ReportError(str(exc)) from None
     if isinstance(doc, dict) and (str(doc.get("schema", "")).startswith("nsa-decision") or "branches" in doc):
         # Not a results file with hundreds of problems: a decision file this version cannot compare with.
         raise ReportError(f"previous run {path} is a decision file of schema {doc.get('schema')!r}, and --previous "
@@ -395,11 +395,12 @@ def write_report(decision_path: str | os.PathLike[str], out_dir: str | os.PathLi
                               "`python -m ci decide`") from None
 
     render(None)
-    from ci import atomic, plots  # matplotlib is slow to import; only this entry point draws
+    from ci import plots  # matplotlib is slow to import; only this entry point draws
+    from nsa_contract import atomic
 
     with atomic.staging_dir(out) as stage:
         try:
-            drawn = {name: plots.plot_branch([c for c in decision["cells"] if c["suite"] == branch_suite(b)],
+            drawn = {name: plots.plot_branch([c for c in decision["cells"] if c["suite"] == b["suite"]],
                                              name, decision["margin"], stage / f"speedup_{name}.png")
                      for name, b in decision["branches"].items()}
         except (KeyError, TypeError, ValueError) as exc:

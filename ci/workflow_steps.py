@@ -46,8 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from nsa_contract import exits
+
 HELP = "run one workflow job's run: steps on this machine, env resolved from the inputs' defaults"
-EXIT_BAD_INPUT = 2
 SHELL = ("bash", "--noprofile", "--norc", "-eo", "pipefail", "-c")
 TOKENS = ("GITHUB_TOKEN", "GH_TOKEN")
 STATE_FILES = {"GITHUB_ENV": "env", "GITHUB_PATH": "path", "GITHUB_OUTPUT": "output",
@@ -427,4 +428,4 @@ def run(args: argparse.Namespace) -> int:
                        state_dir=args.state_dir)
     except WorkflowError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exits.BAD_INPUT

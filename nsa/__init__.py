@@ -1,8 +1,9 @@
 """Native Sparse Attention (arXiv 2502.11089) for PyTorch: paper-faithful module, functional ops,
 an fp64 oracle, and interchangeable attention backends chosen by measured thresholds.
 
-The public names load lazily, so the torch-free modules (`nsa.keys`, `nsa.settings`) import
-without torch: `ci` reads them on machines and in jobs that have no torch.
+The public names load lazily: `import nsa` costs nothing until one is used. The torch-free
+contract this package stands on (decision keys, the config loader, schemas) is the separate
+package `nsa_contract`, which `ci` imports without this one (DESIGN.md).
 """
 
 from __future__ import annotations

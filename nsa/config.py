@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from nsa_contract.keys import MAX_SEL_COUNT  # the config loader refuses the same counts
+
 
 @dataclass(frozen=True)
 class NSAConfig:
@@ -75,13 +77,6 @@ class NSAConfig:
     @property
     def softmax_scale(self) -> float:
         return self.scale if self.scale is not None else self.head_dim_qk ** -0.5
-
-
-# Upper bound of `sel_count` (docs/nsa.md, "Selection"): the selected blocks are `[B, T, Hkv, n]`
-# whatever T, padded with -1, so n sizes a per-token tensor. 4096 is 256 times the paper's 16, an
-# index row of 32 KiB per token and KV head, and 262k tokens at l' = 64 (twice the longest
-# context run here, 128k); 10**9 asked for 8 GB per token and KV head.
-MAX_SEL_COUNT = 4096
 
 
 def validate_branch_params(*, cmp_block: int | None = None, cmp_stride: int | None = None,

@@ -1,13 +1,13 @@
-"""`backend="auto"`: one plan per call, from the decision keys (nsa.keys) and the config (nsa.settings).
+"""`backend="auto"`: one plan per call, from the decision keys (nsa_contract.keys) and the config (nsa_contract.settings).
 
 A threshold is a sequence length (tokens so far: T in a prefill, t + 1 in a decode step). For each
-branch, the keys of `nsa.keys.for_branch` are tried in priority order: a key's backend runs the
+branch, the keys of `nsa_contract.keys.for_branch` are tried in priority order: a key's backend runs the
 branch when the length is >= its threshold for this GPU profile and this call's shape class, and
 the backend can run the call (`backends.unsupported_reason`); a branch with none runs masked SDPA
 (`sdpa`, which never builds a T x T mask at long T). CPU tensors always use `sdpa`.
 
 The value for (profile, class) comes from `profiles.sm<major><minor>`, else `runtime`, else -1
-(nsa.settings). Overrides for experiments, each logged and written into every results file by
+(nsa_contract.settings). Overrides for experiments, each logged and written into every results file by
 `describe()`:
     NSA_CONFIG=path                 read another config file
     NSA_PROFILE=sm90                use that profile instead of the device's (one the config defines)
@@ -32,8 +32,9 @@ from typing import Any
 
 import torch
 
-from nsa import backends, keys, settings
+from nsa import backends
 from nsa.backends import AttnCall, BackendError
+from nsa_contract import keys, settings
 
 log = logging.getLogger("nsa.dispatch")
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from bench import results
 from bench.cli import main as bench_main
 from ci.__main__ import main as ci_main
+from nsa_contract import results
 from tests.ci import fixtures as fx
 
 Doc = dict[str, Any]

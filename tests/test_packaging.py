@@ -1,14 +1,14 @@
 """An installed package carries its defaults (hardening issue, item 9), and the two installs (issue 34,
 items 4 and 12).
 
-`pip install .` must ship configs/base.yaml and templates/*.j2 (as nsa/_data/), and
-`nsa.resources` must find them when the package runs outside a checkout; in a checkout it finds
+`pip install .` must ship configs/base.yaml and templates/*.j2 (as nsa_contract/_data/), and
+`nsa_contract.resources` must find them when the package runs outside a checkout; in a checkout it finds
 the checkout's own files. Every `ci` stage reads that default (or $NSA_CONFIG, or --config) from
 any folder.
 
 Two installs, each tested in a fresh venv outside the checkout, run from another folder:
-- the library, `pip install .`: the wheel carries `nsa` alone (no top-level `bench` or `ci`) and
-  requires only torch and PyYAML;
+- the library, `pip install .`: the wheel carries `nsa` and the contract it stands on,
+  `nsa_contract` (no top-level `bench` or `ci`), and requires only torch and PyYAML;
 - the pipeline, `pip install -e ".[pipeline]"` (what `make setup` does, with `dev`): the checkout's
   `nsa`, `bench` and `ci`, so that `python -m ci pipeline` runs from anywhere.
 Both wheels are built from a copy of the tracked files with the venv's setuptools (no build
@@ -33,8 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import results
-from nsa import resources, settings
+from nsa_contract import resources, results, settings
 from tests.ci import fixtures as fx
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +45,7 @@ def test_a_checkout_uses_its_own_files() -> None:
 
 
 def test_resources_fall_back_to_the_packaged_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    data = tmp_path / "nsa" / "_data"
+    data = tmp_path / "nsa_contract" / "_data"
     (data / "templates").mkdir(parents=True)
     (data / "base.yaml").write_text("x: 1\n")
     (data / "templates" / "report.md.j2").write_text("r")
@@ -144,7 +143,8 @@ def _tracked_copy(dest: Path) -> Path:
         if name and (REPO / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, dest / name)
-    for extra in ("setup.py", "MANIFEST.in", "nsa/resources.py"):  # also before they are committed
+    for extra in ("setup.py", "MANIFEST.in", *(f"nsa_contract/{p.name}" for p in (REPO / "nsa_contract").glob("*.py"))):
+        # also before they are committed
         shutil.copy2(REPO / extra, dest / extra)
     return dest
 
@@ -205,18 +205,19 @@ def _runner(python: Path, work: Path) -> Callable[..., subprocess.CompletedProce
     return run
 
 
-def test_the_wheel_carries_nsa_alone_with_its_config_and_templates(wheel: Path) -> None:
+def test_the_wheel_carries_nsa_and_its_contract_with_the_config_and_templates(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
-        assert zf.read("nsa/_data/base.yaml") == (REPO / "configs" / "base.yaml").read_bytes()
+        assert zf.read("nsa_contract/_data/base.yaml") == (REPO / "configs" / "base.yaml").read_bytes()
         for template in (REPO / "templates").glob("*.j2"):
-            assert zf.read(f"nsa/_data/templates/{template.name}") == template.read_bytes()
+            assert zf.read(f"nsa_contract/_data/templates/{template.name}") == template.read_bytes()
         meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
         requires = [line.split(":", 1)[1].strip() for line in zf.read(meta).decode().splitlines()
                     if line.startswith("Requires-Dist:")]
-    assert "nsa/resources.py" in names
-    # No generic top-level names beside nsa: bench/ and ci/ stay in the checkout (the pipeline install).
-    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"nsa"}
+    assert "nsa_contract/resources.py" in names
+    # No generic top-level names beside nsa and nsa_contract: bench/ and ci/ stay in the checkout (the
+    # pipeline install).
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"nsa", "nsa_contract"}
     always = sorted(re.split(r"[<>=!~ ;\[]", r, maxsplit=1)[0].lower() for r in requires if "extra ==" not in r)
     assert always == ["pyyaml", "torch"], requires
     pipeline = {re.split(r"[<>=!~ ;\[]", r, maxsplit=1)[0].lower() for r in requires if 'extra == "pipeline"' in r}
@@ -229,16 +230,16 @@ def test_the_library_install_imports_nsa_with_its_packaged_config_and_nothing_el
     work = tmp_path / "elsewhere"
     work.mkdir()
     run = _runner(python, work)
-    where = run("-c", "import importlib.util as u, nsa, nsa.resources as r; print(nsa.__file__); "
-                      "print(r.default_config_path()); print(r.templates_dir()); "
+    where = run("-c", "import importlib.util as u, nsa, nsa_contract.resources as r; print(nsa.__file__); "
+                      "print(r.__file__); print(r.default_config_path()); print(r.templates_dir()); "
                       "print([n for n in ('bench', 'ci') if u.find_spec(n)])")
     assert where.returncode == 0, where.stderr
     *paths, found = where.stdout.strip().splitlines()
     assert all(p.startswith(str(tmp_path / "venv")) for p in paths), paths
     assert found == "[]", "bench and ci must not be installed by the library"
     # Dispatch reads the packaged defaults through the one loader (NSA_PROFILE keeps it off CUDA queries).
-    thresholds = run("-c", "import os; os.environ['NSA_PROFILE'] = 'sm90'; from nsa import dispatch, settings; "
-                           "print(settings.default_path()); t = dispatch.thresholds(); "
+    thresholds = run("-c", "import os; os.environ['NSA_PROFILE'] = 'sm90'; from nsa import dispatch; "
+                           "from nsa_contract import settings; print(settings.default_path()); t = dispatch.thresholds(); "
                            "print(t.lookup('triton_min_len_sel', 'g16'))")
     assert thresholds.returncode == 0, thresholds.stderr
     path_line, value_line = thresholds.stdout.strip().splitlines()[-2:]
@@ -252,7 +253,8 @@ def test_the_pipeline_install_runs_the_pipeline_from_another_folder(editable_whe
     work.mkdir()
     results.dump(fx.document(fx.sweep("sliding", {1024: 2.0, 2048: 2.0})), work / "results.json")
     run = _runner(python, work)
-    where = run("-c", "import bench, ci, nsa; print(bench.__file__); print(ci.__file__); print(nsa.__file__)")
+    where = run("-c", "import bench, ci, nsa, nsa_contract as c; print(bench.__file__); print(ci.__file__); "
+                      "print(nsa.__file__); print(c.__file__)")
     assert where.returncode == 0, where.stderr
     assert all(p.startswith(str(source)) for p in where.stdout.split()), where.stdout
     piped = run("-m", "ci", "pipeline", "--results", "results.json", "--dry-run")

@@ -4,6 +4,7 @@ installed (the dev extra installs both, so `make test` runs them)."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 import re
 import shlex
@@ -16,8 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from ci import pipeline, stages
 from ci.__main__ import build_parser
 from ci.workflow_steps import Resolver, input_values, load, triggers
+from nsa_contract import suites as lists
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -178,15 +181,13 @@ def test_gpu_workflow_shape() -> None:
     assert gpu_runs[0] == "python -m ci guard"
     assert gpu_runs[2:4] == ["make test-gpu-smoke", "make test-fa2-parity"]
     assert gpu_runs[4].startswith("python -m bench run ") and "--device cuda" in gpu_runs[4]
-    decide_runs = [c.split()[:4] for w, j, c, _ in RUN_STEPS if w == GPU.name and j == "decide"]
-    assert [c[3] for c in decide_runs[1:]] == ["decide", "history", "report", "pr"]
     pr_env = next(s for s in decide["steps"] if "ci pr" in str(s.get("run")))["env"]
     assert pr_env["GITHUB_TOKEN"] == "${{ secrets.NSA_BOT_TOKEN || github.token }}"
     labels = yaml.safe_load((REPO / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"]
     assert {"gpu", "sm90", "sm89", "sm80"} <= set(labels)
 
 
-NIGHTLY_SUITES = "fa2,triton,calibration,auto,fast,decode,train"
+NIGHTLY_SUITES = "nightly"  # the list's name: its suites are written once, in nsa_contract/suites.py
 
 
 def test_the_sweep_defaults_to_every_nightly_suite_on_dispatch_and_schedule() -> None:
@@ -194,9 +195,39 @@ def test_the_sweep_defaults_to_every_nightly_suite_on_dispatch_and_schedule() ->
     sweep = next(s for s in doc["jobs"]["gpu"]["steps"] if "python -m bench run" in str(s.get("run")))
     assert sweep["env"]["SUITES"] == f"${{{{ inputs.suites || '{NIGHTLY_SUITES}' }}}}"  # a schedule has no inputs
     assert Resolver({}).text(sweep["env"]["SUITES"]) == NIGHTLY_SUITES
-    from bench.suites import SUITES
+    from bench import suites
 
-    assert set(NIGHTLY_SUITES.split(",")) <= set(SUITES)
+    # The workflow sweeps what `ci pipeline` sweeps on CUDA: the one nightly list.
+    assert suites.parse(NIGHTLY_SUITES) == list(lists.NIGHTLY) == pipeline.suites(
+        pipeline_args(), "cuda", "nightly", lambda: "cuda").split(",")
+
+
+def pipeline_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    pipeline.add_arguments(parser)
+    return parser.parse_args([])
+
+
+def _stage_steps() -> list[tuple[str, tuple[str, str], list[str]]]:
+    """(job, (module, subcommand), argv) of the GPU workflow's `python -m bench/ci` steps, in order, the
+    guard (a check of the event, not a stage) left out."""
+    found = []
+    for w, job, command, env in RUN_STEPS:
+        argv = shlex.split(command)
+        if w == GPU.name and argv[:2] == ["python", "-m"] and tuple(argv[2:4]) != ("ci", "guard"):
+            found.append((job, (argv[2], argv[3]), [_expand(a, env) for a in argv[4:]]))
+    return found
+
+
+def test_the_gpu_workflow_runs_the_pipeline_stages_in_order() -> None:
+    """One stage list (ci.stages) serves `ci pipeline` and this workflow: the same commands, in the same
+    order, each in the job the list names, writing what the list says."""
+    steps = _stage_steps()
+    assert [(job, cmd) for job, cmd, _ in steps] == [(s.job, s.command) for s in stages.STAGES]
+    for (_, _, argv), stage in zip(steps, stages.STAGES, strict=True):
+        out = [argv[i + 1] for i, a in enumerate(argv) if a in ("--out", "--out-dir")]
+        assert [Path(o).name for o in out] == [stage.writes], (stage.name, argv)
+    assert set(pipeline.RUNNERS) == set(stages.NAMES)  # and the pipeline has a runner for each
 
 
 def _decide_steps() -> dict[str, dict[str, Any]]:

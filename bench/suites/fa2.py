@@ -21,7 +21,7 @@ MHA128 = {"B": 1, "Hq": 16, "Hkv": 16, "Dk": 128, "Dv": 128}
 BATCH4 = {"B": 4, "Hq": 8, "Hkv": 2, "Dk": 64, "Dv": 64}
 PAPER = {"B": 1, "Hq": 64, "Hkv": 4, "Dk": 128, "Dv": 128}
 SMOKE = {"B": 1, "Hq": 4, "Hkv": 2, "Dk": 64, "Dv": 64}
-# With GQA64 (g4) and MHA128 (g1): one layout per shape class (nsa.keys.class_of), so each class's
+# With GQA64 (g4) and MHA128 (g1): one layout per shape class (nsa_contract.keys.class_of), so each class's
 # thresholds come from its own cells.
 G2 = {"B": 1, "Hq": 16, "Hkv": 8, "Dk": 64, "Dv": 64}
 G8 = {"B": 1, "Hq": 16, "Hkv": 2, "Dk": 64, "Dv": 64}

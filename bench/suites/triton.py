@@ -1,5 +1,5 @@
 """The own Triton kernels against masked SDPA on all three branches: the data behind
-`triton_min_len_sel`, `triton_min_len_cmp` and `triton_min_len_win` (nsa/keys.py).
+`triton_min_len_sel`, `triton_min_len_cmp` and `triton_min_len_win` (nsa_contract/keys.py).
 
 Baseline `sdpa` (masked SDPA), candidate `triton` (nsa/backends/triton_nsa.py). Same method as
 the fa2 suite: every variant is parity-checked against an fp32 computation of the same op on the
@@ -45,7 +45,7 @@ def _with(layouts, knobs):
     return tuple({**lay, **knobs} for lay in layouts)
 
 
-# One layout per shape class (nsa.keys.class_of: GQA group size 1, 2, 4, 8, 16+), so every class
+# One layout per shape class (nsa_contract.keys.class_of: GQA group size 1, 2, 4, 8, 16+), so every class
 # decides from its own cells; plus a batch of 4 in class g4.
 CLASS_LAYOUTS = (MHA128, G2, GQA64, G8, G16, BATCH4)
 # 256 tokens is launch-bound on every GPU measured (both sides under decide.time_floor_ms).
@@ -63,7 +63,7 @@ def _grid(smoke: dict, paper: dict) -> dict[str, tuple]:
     }
 
 
-# `triton_min_len_sel` is decided on the whole selection branch as dispatch runs it (nsa/keys.py):
+# `triton_min_len_sel` is decided on the whole selection branch as dispatch runs it (nsa_contract/keys.py):
 # torch scores + top-n + masked SDPA against the fused Triton scores + Triton top-n + the selection
 # kernel. The attention-only cells (blocks given) are reported in the full sweep.
 BRANCH = {"part": "branch"}

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from bench import results, runner, suites
+from bench import runner, suites
 from bench.suites import auto
 from bench.timing import Timer
+from nsa_contract import results
 
 TINY = Timer(warmup=1, rep=3, l2_flush=False)
 
@@ -18,7 +19,7 @@ def _run(cells) -> dict:
 
 
 def test_grids_cover_the_classes_and_lengths_auto_is_judged_on():
-    from nsa import keys
+    from nsa_contract import keys
 
     full = suites.cells(["auto"], "full")
     prefill = [c for c in full if c.op == "nsa_prefill"]

@@ -5,7 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench import cli, results, suites
+from bench import cli, suites
+from nsa_contract import exits, results
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--device", "cpu", "--warmup", "1", "--rep", "2"]
@@ -45,7 +46,7 @@ def test_shards_partition_the_cells_and_merge_back(tmp_path):
 
 
 def test_usage_errors_exit_2(capsys):
-    assert cli.main(["list", "--suites", "nope"]) == cli.EXIT_USAGE
+    assert cli.main(["list", "--suites", "nope"]) == exits.BAD_INPUT
     assert "suite must be one of" in capsys.readouterr().err
 
 

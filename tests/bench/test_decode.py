@@ -9,10 +9,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
 import nsa.backends.triton_nsa  # noqa: F401 - kernels defined under the interpreter (conftest) before a test unsets it
-from bench import results, runner, suites
+from bench import runner, suites
 from bench.cases import Cell
 from bench.suites import decode
 from bench.timing import Timer
+from nsa_contract import results
 from tests.bench.fakes import FakeClock
 
 TINY = Timer(warmup=1, rep=2, l2_flush=False)

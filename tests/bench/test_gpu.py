@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench import machine, results, runner, suites
+from bench import machine, runner, suites
 from bench.cases import Cell
 from bench.timing import CudaClock, Timer, measure, peak_memory
+from nsa_contract import results
 
 pytestmark = pytest.mark.gpu
 

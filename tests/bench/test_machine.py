@@ -3,7 +3,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench import machine, results
+from bench import machine
+from nsa_contract import results
 
 
 def _git(root, *args):

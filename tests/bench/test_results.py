@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bench import results
+from nsa_contract import results
 
 
 def _doc(cases):

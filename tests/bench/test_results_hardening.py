@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench import results
+from nsa_contract import results
 from tests.ci import fixtures as fx
 
 

@@ -7,9 +7,10 @@ import types
 import pytest
 import torch
 
-from bench import results, runner
+from bench import runner
 from bench.cases import Cell, Variant, Workload
 from bench.timing import Timer
+from nsa_contract import results
 from tests.bench.fakes import FakeClock
 
 PARAMS = {"B": 1, "T": 8, "Hq": 1, "Hkv": 1, "Dk": 4, "Dv": 4, "window": 4, "dtype": "fp32"}

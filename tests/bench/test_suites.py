@@ -6,10 +6,11 @@ import csv
 
 import pytest
 
-from bench import results, runner, suites
+from bench import runner, suites
 from bench.cases import SIZES, Cell
 from bench.suites import decode
 from bench.timing import Timer
+from nsa_contract import results
 
 TINY = Timer(warmup=1, rep=2, l2_flush=False)
 SMALL = {"B": 1, "Hq": 4, "Hkv": 2, "Dk": 32, "Dv": 32, "dtype": "bf16"}

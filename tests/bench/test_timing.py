@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from bench import results
 from bench.timing import CpuClock, Timer, measure, peak_memory
+from nsa_contract import results
 from tests.bench.fakes import FakeClock
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench import cli, results, runner, suites
+from bench import cli, runner, suites
 from bench.cases import SIZES
 from bench.suites import train
 from bench.timing import Timer
+from nsa_contract import results
 
 TINY = Timer(warmup=1, rep=2, l2_flush=False)
 PAPER = {"B": 1, "Hq": 64, "Hkv": 4, "Dk": 128, "Dv": 128, "block": 32, "stride": 16, "sel_block": 64,

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from bench import results, runner, suites
+from bench import runner, suites
 from bench.cases import Cell
 from bench.suites import triton
 from bench.timing import Timer
 from ci import decide
 from nsa.backends import triton_nsa
+from nsa_contract import results
+from nsa_contract import suites as lists
 
 TINY = Timer(warmup=1, rep=2, l2_flush=False)
 NIGHTLY_T = {256, 512, 1024, 2048, 4096, 8192, 16384}
@@ -28,7 +30,7 @@ def _run(cells: list[Cell]) -> dict:
 
 
 def test_nightly_grid_sweeps_every_shape_class_on_every_branch_at_the_paper_blocks():
-    from nsa import keys
+    from nsa_contract import keys
 
     cells = suites.cells(["triton"], "nightly")
     assert {c.op for c in cells} == {"selected", "compressed", "sliding"}
@@ -44,7 +46,7 @@ def test_nightly_grid_sweeps_every_shape_class_on_every_branch_at_the_paper_bloc
                for c in cells)
     full = suites.cells(["triton"], "full")
     assert max(c.params["T"] for c in full) == 65536 and len(full) > len(cells)
-    assert "triton" in suites.DEFAULT_SUITES
+    assert "triton" in lists.DEFAULT
 
 
 def test_smoke_grid_is_tiny():

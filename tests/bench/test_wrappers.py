@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench import results
+from nsa_contract import results
 
 ROOT = Path(__file__).resolve().parents[2]
 

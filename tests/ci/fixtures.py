@@ -1,4 +1,4 @@
-"""Synthetic results documents for the ci tests (schema v1, validated by bench.results.check).
+"""Synthetic results documents for the ci tests (schema v1, validated by nsa_contract.results.check).
 
 Timings are deterministic: each case's samples come from a generator seeded by its id, so the
 bootstrap (also seeded) gives the same verdicts, and the same golden report, on every machine.
@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 from ruamel.yaml import YAML
 
-from bench import results
 from ci import config_edit
-from nsa import keys
+from nsa_contract import keys, results
 
 TIGHT = 0.01  # +-1% uniform noise: the interval is far narrower than the margin's headroom
 NOISY = 0.5  # +-50%: the interval straddles any margin near the true speedup

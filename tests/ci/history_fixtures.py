@@ -15,8 +15,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from bench import results
 from ci import history
+from nsa_contract import results
 
 ROOT = Path(__file__).resolve().parents[2]
 H100_TRITON = "results/h100/triton-nightly.json"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import results
 from ci.__main__ import SUBCOMMANDS, main
+from nsa_contract import results
 from tests.ci import fixtures as fx
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from ci import values
 from ci.config_edit import ConfigEditError, apply_to_file, edit_thresholds, unified_diff
-from nsa import keys, settings
+from nsa_contract import keys, settings, values
 from tests.ci import fixtures as fx
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -200,7 +199,7 @@ def test_no_change_returns_the_same_text() -> None:
 
 SM90 = "profiles:\n  sm90:\n    fa2_min_len_win: {}\n"
 ERROR_CASES = [
-    # The one loader (nsa.settings) refuses these files before any edit, with its own message.
+    # The one loader (nsa_contract.settings) refuses these files before any edit, with its own message.
     ("malformed", "profiles:\n  sm90: [\n", "sm90", {"fa2_min_len_win": 1}, r"must be valid YAML, got: .* line 3"),
     ("duplicate-key", "profiles:\n  sm90:\n    fa2_min_len_win: 1\n    fa2_min_len_win: 2\n", "sm90",
      {"fa2_min_len_win": 3}, r"key 'fa2_min_len_win' must appear once per mapping, got it twice \(line 4\)"),
@@ -219,7 +218,7 @@ ERROR_CASES = [
     ("missing-key", "profiles:\n  sm90:\n    fa2_min_len_cmp: -1\n", "sm90", {"fa2_min_len_win": 1},
      r"profiles\.sm90\.fa2_min_len_win must exist .*edits never add keys"),
     ("undeclared-key", None, "sm90", {"fa2_min_len_sel": 1},
-     r"profiles\.sm90\.fa2_min_len_sel must be a decision key declared in nsa/keys\.py"),
+     r"profiles\.sm90\.fa2_min_len_sel must be a decision key declared in nsa_contract/keys\.py"),
     # Values the loader would refuse are refused with its words, before the file is touched.
     ("str-value", None, "sm90", {"fa2_min_len_win": "4096"}, r"must be -1 \(off\) or a sequence length >= 0, "
      r"got '4096'"),
@@ -262,7 +261,7 @@ def test_errors_leave_the_file_untouched(
 
 
 def _loader_message(text: str, source: str, profile: str, changes: dict[str, object]) -> str | None:
-    """What nsa.settings says about the file, or about one of the new values; None when it accepts both."""
+    """What nsa_contract.settings says about the file, or about one of the new values; None when it accepts both."""
     try:
         settings.load_text(text, source)
         for key, value in changes.items():

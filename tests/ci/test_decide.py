@@ -8,6 +8,7 @@ import pytest
 
 from ci import decide
 from ci.cells import length_verdict
+from nsa_contract import exits
 from tests.ci import fixtures as fx
 
 
@@ -40,7 +41,7 @@ def test_clear_adopt_from_2048_is_proposed() -> None:
     assert branch["reason"].startswith("g4: FA-2 cleared 1.2x at every tested length >= 2048")
     assert all(not e["changed"] and "no deciding FA-2 cell of op sliding in class" in e["reason"]
                for c, e in branch["classes"].items() if c != "g4")
-    # One entry per (key, class), keys in their declared order (nsa.keys: the sliding keys first).
+    # One entry per (key, class), keys in their declared order (nsa_contract.keys: the sliding keys first).
     assert [(e["key"], e["class"]) for e in doc["decisions"] if e["key"] == "fa2_min_len_win"] == [
         ("fa2_min_len_win", c) for c in doc["classes"]]
     assert [e["key"] for e in doc["decisions"]][::5] == [k["name"] for k in doc["keys"]]
@@ -98,7 +99,7 @@ def test_parity_failure_fails_the_cell_and_the_run_but_writes_everything() -> No
     doc = run(cases)
     bad = cell(doc, "compressed", 4096)
     assert bad["verdict"] == "failed" and "parity failed" in bad["reason"]
-    assert doc["exit_code"] == decide.EXIT_PARITY
+    assert doc["exit_code"] == exits.FAILED_CASES
     assert [f["id"] for f in doc["failures"]] == [bad["id"]] and doc["failures"][0]["parity_failed"]
     cmp = doc["branches"]["cmp"]["classes"]["g4"]
     assert cmp["measured"] is None and "4096 (failed)" in cmp["reason"]
@@ -287,7 +288,7 @@ def test_repository_config_loads() -> None:
 
 
 def test_a_missing_grid_field_takes_the_papers_value() -> None:
-    """The one loader fills an absent nsa field with the paper's value (nsa.settings.NSA_FIELDS)."""
+    """The one loader fills an absent nsa field with the paper's value (nsa_contract.settings.NSA_FIELDS)."""
     cfg = {k: dict(v) for k, v in fx.config().items()}
     del cfg["nsa"]["window"]
     assert decide.DecideConfig.from_mapping(cfg).grid["window"] == 512

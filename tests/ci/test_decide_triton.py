@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ci import decide, pr_plan
-from nsa import keys
+from nsa_contract import exits, keys
 from tests.ci import fixtures as fx
 from tests.ci.test_decide import cell, run
 
@@ -68,7 +68,7 @@ def test_triton_parity_failure_fails_the_cell_and_the_run() -> None:
                      candidate_parity=False)
     doc = run(cases)
     bad = cell(doc, "selected", 4096, backend="triton", suite="triton")
-    assert bad["verdict"] == "failed" and doc["exit_code"] == decide.EXIT_PARITY
+    assert bad["verdict"] == "failed" and doc["exit_code"] == exits.FAILED_CASES
     assert doc["branches"]["triton_sel"]["classes"]["g4"]["measured"] is None
 
 
@@ -80,7 +80,7 @@ def test_both_families_decide_the_compressed_branch_independently() -> None:
     assert cell(doc, "compressed", 8192, backend="flash_attn")["branch"] == "cmp"
     assert cell(doc, "compressed", 8192, backend="triton", suite="triton")["branch"] == "triton_cmp"
     lines = decide.summary_lines(doc)
-    # One line per key, in the order nsa.keys declares them.
+    # One line per key, in the order nsa_contract.keys declares them.
     assert [line.split(":")[0] for line in lines] == [f"{k.decision_id} sm90.{k.name}" for k in keys.KEYS]
     # Only class g4 was measured; the other classes keep what is in force (cmp: 1024 in every class).
     plan = pr_plan.build_plan(doc, "report", ())

@@ -29,6 +29,7 @@ def decision(win: tuple[int, int] = (-1, 4096), cmp: tuple[int, int] = (-1, -1))
     def branch(key: str, current: int, proposed: int) -> dict[str, Any]:
         return {
             "key": key,
+            "suite": "fa2",
             "current": current,
             "proposed": proposed,
             "changed": proposed != current,
@@ -399,9 +400,9 @@ def test_dry_run_proposes_a_triton_key_and_changes_only_its_line(
 ) -> None:
     monkeypatch.chdir(pristine_config.parents[1])
     doc = decision(win=(-1, -1))
-    doc["branches"]["triton_sel"] = {"key": "triton_min_len_sel", "current": -1, "proposed": 8192,
-                                     "changed": True, "reason": "measured 8192", "lasting": lasting(),
-                                         "lengths": [{"T": 8192, "verdict": "adopt", "cells": []}]}
+    doc["branches"]["triton_sel"] = {"key": "triton_min_len_sel", "suite": "triton", "current": -1,
+                                     "proposed": 8192, "changed": True, "reason": "measured 8192",
+                                     "lasting": lasting(), "lengths": [{"T": 8192, "verdict": "adopt", "cells": []}]}
     rc, out, _ = run(doc, "--dry-run")
     assert rc == 0 and "outcome=dry-run" in out and fake.log == []
     plan = json.loads((run.tmp / "pr" / "pr.json").read_text())
@@ -420,11 +421,11 @@ def test_dry_run_writes_a_per_class_proposal_as_one_flow_line(
     monkeypatch.chdir(pristine_config.parents[1])
     doc = decision(win=(-1, -1))
     proposed = {"g1": -1, "g2": -1, "g4": 2048, "g8": 1024, "g16": -1}
-    classes = {cls: {"class": cls, "current": -1, "proposed": v, "changed": v != -1, "lasting": lasting(v != -1),
+    classes = {cls: {"key": "fa2_min_len_win", "class": cls, "current": -1, "proposed": v, "changed": v != -1, "lasting": lasting(v != -1),
                      "lengths": [{"T": t, "verdict": "adopt", "cells": []} for t in (1024, 2048) if v != -1]}
                for cls, v in proposed.items()}
-    doc["branches"]["win"] = {"key": "fa2_min_len_win", "current": -1, "changed": True, "reason": "g4, g8 measured",
-                              "proposed": proposed, "classes": classes,
+    doc["branches"]["win"] = {"key": "fa2_min_len_win", "suite": "fa2", "current": -1, "changed": True,
+                              "reason": "g4, g8 measured", "proposed": proposed, "classes": classes,
                               "lengths": [x for e in classes.values() for x in e["lengths"]]}
     rc, out, _ = run(doc, "--dry-run")
     assert rc == 0 and "outcome=dry-run" in out and fake.log == []

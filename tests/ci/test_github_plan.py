@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from ci.pr_cmd import EXIT_INPUT, run_pr
+from ci.pr_cmd import run_pr
 from ci.pr_plan import BODY_LIMIT, PlanError, ReportFile, build_plan, link_images, load_report, truncate_body
+from nsa_contract import exits
 from tests.ci.test_github import decision
 
 
@@ -121,11 +122,11 @@ def _run(tmp_path: Path, doc: Any, *extra: str) -> tuple[int, str]:
 
 def test_cli_input_errors_exit_2(tmp_path: Path) -> None:
     rc, err = _run(tmp_path, "{not json")
-    assert rc == EXIT_INPUT and "--decision must be a readable JSON file" in err
+    assert rc == exits.BAD_INPUT and "--decision must be a readable JSON file" in err
     rc, err = _run(tmp_path, {**decision(), "profile": "cpu"})
-    assert rc == EXIT_INPUT and "decision.profile must be a GPU profile" in err
+    assert rc == exits.BAD_INPUT and "decision.profile must be a GPU profile" in err
     rc, err = _run(tmp_path, decision(), "--config", str(tmp_path / "nope.yaml"))
-    assert rc == EXIT_INPUT and "--config must be a readable file" in err
+    assert rc == exits.BAD_INPUT and "--config must be a readable file" in err
     assert not (tmp_path / "pr").exists()
 
 

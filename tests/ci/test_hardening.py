@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from urllib3 import HTTPResponse
 
-from bench import results
-from ci import atomic, guard, pipeline, report
+from ci import guard, pipeline, report
 from ci.__main__ import main
 from ci.github import MAX_WAIT_S, CappedRetry, connect, production_retry
 from ci.pr_cmd import run_pr
-from ci.pr_plan import DECISION_SCHEMA, PlanError, validate_decision
+from ci.pr_plan import PlanError, validate_decision
+from nsa_contract import atomic, results
 from tests.ci import fixtures as fx
 from tests.ci.fake_github import FakeGitHub
 from tests.ci.test_github import BASE_CONFIG, TOKEN, decision
@@ -148,7 +148,7 @@ def test_a_failed_pr_stage_does_not_show_an_earlier_outcome(tmp_path: Path, pris
 # --- item 4: `ci pr` re-checks the decision -----------------------------------------------------
 
 def _decision(**changes: Any) -> dict[str, Any]:
-    return {**decision(), "schema": DECISION_SCHEMA, **changes}
+    return {**decision(), **changes}
 
 
 def test_validate_decision_accepts_a_clean_decision() -> None:
@@ -247,12 +247,6 @@ def test_a_failed_history_stage_shows_no_unvetted_change(tmp_path: Path, pristin
     assert main(["pr", "--decision", str(out / "decision.json"), "--report-dir", str(tmp_path),
                  "--out-dir", str(out / "pr"), "--dry-run"]) == 2
     assert "run `python -m ci history` on it first" in capsys.readouterr().err
-
-
-def test_the_plan_schema_is_the_decision_schema() -> None:
-    from ci.decide import SCHEMA
-
-    assert DECISION_SCHEMA == SCHEMA
 
 
 # --- item 5: atomic writes -----------------------------------------------------------------------

@@ -327,7 +327,7 @@ def _bad(tmp: Path, pipe: Pipeline, results: Path, name: str) -> tuple[list[str]
 
 BAD = {
     "decision is not JSON": "must be JSON",
-    "decision of another schema": "must have schema 'nsa-decision/2'",
+    "decision of another schema": "decision.schema must be 'nsa-decision/2', got 'nsa-decision/1'",
     "bad config": "decide.history_runs must be an int >= 1",
     "decision of another run": "must decide run",
     "results missing": "missing.json",

@@ -1,5 +1,6 @@
-"""A decision key declared once, in nsa/keys.py, reaches the loader, dispatch, decide, report, the PR
-edit and the bench CLI with no other change (docs/design/dispatch.md, "One declaration").
+"""A decision key declared once, in nsa_contract/keys.py, reaches the loader, dispatch, decide, report, the PR
+edit and the bench CLI with no other change than its value in configs/base.yaml: a new key for a
+backend that exists is those 2 files (DESIGN.md, "Where a change goes").
 
 The test copies the packages and the config into a temporary folder, declares one new key there
 (`flex_min_len_win`: the sliding branch on FlexAttention, a new family) plus its value -1 in the
@@ -17,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import results
+from nsa_contract import results
 from tests.ci import fixtures as fx
 
 REPO = Path(__file__).resolve().parents[2]
-COPIED = ("nsa", "ci", "bench", "templates", "configs")
+COPIED = ("nsa_contract", "nsa", "ci", "bench", "templates", "configs")
 KEY, DECISION_ID, FLAG = "flex_min_len_win", "flex_win", "--flex-min-len-win"
 DECLARATION = (f'    DecisionKey("{KEY}", "win", "flex", "flex", ("flex",), "flex", "{DECISION_ID}", NIGHTLY_T),\n')
 
@@ -37,8 +38,8 @@ def copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("keyreach")
     for name in COPIED:
         shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")  # marks a checkout (nsa.resources)
-    keys_py = root / "nsa" / "keys.py"
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")  # marks a checkout (nsa_contract.resources)
+    keys_py = root / "nsa_contract" / "keys.py"
     text = keys_py.read_text(encoding="utf-8")
     # The one place: a key in KEYS, and (a new family) its label beside the others.
     text = text.replace('FAMILY_LABELS = {"fa2": "FA-2", "triton": "Triton"}',
@@ -63,7 +64,7 @@ def _run(copy: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_copy_declares_the_key_once_and_only_there(copy: Path) -> None:
-    code = (f"import nsa.keys as k, nsa.settings as s; assert k.__file__.startswith({str(copy)!r}), k.__file__; "
+    code = (f"import nsa_contract.keys as k, nsa_contract.settings as s; assert k.__file__.startswith({str(copy)!r}), k.__file__; "
             f"print(k.get({KEY!r}).flag, s.load().value({KEY!r}, 'sm90', 'g4'))")
     proc = _run(copy, "-c", code)
     assert proc.returncode == 0, proc.stderr

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import results
 from ci import pipeline
 from ci.__main__ import main
+from nsa_contract import results
 from tests.ci import fixtures as fx
 
 REPO = Path(__file__).resolve().parents[2]

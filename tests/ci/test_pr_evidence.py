@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from github import GithubRetry
 
-from bench import results
 from ci import config_edit
 from ci.__main__ import main as ci_main
 from ci.github import connect
 from ci.pr_cmd import run_pr
+from nsa_contract import results
 from tests.ci import fixtures as fx
 from tests.ci.fake_github import FakeGitHub
 

@@ -16,7 +16,7 @@ import jinja2
 import pytest
 
 from ci import compare, decide, report
-from nsa import keys
+from nsa_contract import keys
 from tests.ci import fixtures as fx
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -166,18 +166,6 @@ def test_fa2_only_run_says_the_triton_kernels_were_not_measured() -> None:
     assert "No selected cells in suite `triton`." in report.render_report(decision)
 
 
-def test_decision_file_from_before_the_triton_keys_still_renders() -> None:
-    decision = golden_decision()
-    del decision["triton"], decision["auto_vs_best"]
-    for name in [n for n in decision["branches"] if n.startswith("triton")]:
-        del decision["branches"][name]
-    for b in decision["branches"].values():
-        for key in ("family", "candidate", "suite"):
-            del b[key]
-    text = report.render_report(decision)
-    assert "## Branch cmp" in text and "## Branch triton" not in text and "No Triton threshold" not in text
-
-
 def test_no_plot_for_a_branch_without_timed_cells(tmp_path: Path) -> None:
     conf = decide.DecideConfig.from_mapping(fx.config())
     decision = decide.decide([("r.json", fx.document(fx.sweep("sliding", {1024: 2.0})))], conf)
@@ -190,12 +178,19 @@ def test_no_plot_for_a_branch_without_timed_cells(tmp_path: Path) -> None:
 def test_bad_decision_files_are_explained(tmp_path: Path) -> None:
     wrong = tmp_path / "wrong.json"
     wrong.write_text(json.dumps({"schema": "something/else"}), encoding="utf-8")
-    with pytest.raises(report.ReportError, match="must have schema 'nsa-decision/2'"):
+    with pytest.raises(report.ReportError, match="schema must be 'nsa-decision/2', got 'something/else'"):
         report.load_decision(wrong)
     broken = tmp_path / "broken.json"
-    broken.write_text(json.dumps({"schema": decide.SCHEMA, "branches": {}}), encoding="utf-8")
-    with pytest.raises(report.ReportError, match="lacks a field the report needs"):
+    broken.write_text(json.dumps({**golden_decision(), "branches": {}}), encoding="utf-8")
+    with pytest.raises(report.ReportError, match=r"decision\.branches must be a non-empty mapping, got \{\}"):
         report.write_report(broken, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    lacking = tmp_path / "lacking.json"  # valid as a decision, but without a section the report shows
+    doc = golden_decision()
+    del doc["noise_floor"]
+    lacking.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(report.ReportError, match="lacks a field the report needs"):
+        report.write_report(lacking, tmp_path / "out")
 
 
 def _with_history(decision: dict[str, Any]) -> dict[str, Any]:

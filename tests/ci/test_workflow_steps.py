@@ -103,11 +103,11 @@ def test_dry_run_of_the_gpu_job_prints_commands_and_runs_nothing(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     assert main(["workflow-steps", str(GPU_WORKFLOW), "--job", "gpu", "--dry-run", "--input", "size=smoke"]) == 0
     text = capsys.readouterr().out
-    assert ("inputs: suites=fa2,triton,calibration,auto,fast,decode,train size=smoke margin=1.2 dry_run=false "
+    assert ("inputs: suites=nightly size=smoke margin=1.2 dry_run=false "
             "runner_label=sm90") in text
     assert "  $ make ci-env\n" in text and "  $ make test-fa2-parity\n" in text
     assert '  $ python -m bench run --suites "$SUITES" --size "$SIZE"' in text
-    assert "env: SUITES=fa2,triton,calibration,auto,fast,decode,train SIZE=smoke" in text
+    assert "env: SUITES=nightly SIZE=smoke" in text
     assert "uses actions/upload-artifact@" in text and "[if: always]" in text
     assert list(tmp_path.iterdir()) == []
 

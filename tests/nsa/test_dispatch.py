@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from nsa import dispatch, keys, ops, settings
+from nsa import dispatch, ops
 from nsa.backends import AttnCall
+from nsa_contract import keys, settings
 from tests.nsa.helpers import qkv
 
 YAML = """\
@@ -42,7 +43,7 @@ def config(tmp_path, monkeypatch):
 
 
 def test_keys_and_settings_import_without_torch():
-    code = "import sys, nsa.keys, nsa.settings; nsa.settings.load(); assert 'torch' not in sys.modules"
+    code = "import sys, nsa_contract.keys, nsa_contract.settings; nsa_contract.settings.load(); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -175,7 +175,8 @@ def test_plan_on_cpu_is_sdpa_everywhere(config):
 
 
 def test_bench_cli_triton_off_is_applied_and_recorded(config, tmp_path):
-    from bench import cli, results
+    from bench import cli
+    from nsa_contract import results
 
     out = tmp_path / "r.json"
     argv = ["run", "--suites", "calibration", "--size", "smoke", "--backends", "sdpa", "--out", str(out),

@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ci import atomic
+from nsa_contract import atomic
 
 SCHEMA_VERSION = 1
 OPS = ("sliding", "compressed", "selected", "nsa_prefill", "nsa_decode", "nsa_train", "dense")

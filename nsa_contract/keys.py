@@ -2,9 +2,10 @@
 
 A decision key says from which sequence length (tokens so far: T in a prefill, t + 1 in a decode
 step) one candidate backend runs one NSA branch when `backend="auto"`. Everything that names a key
-derives from `KEYS`: the config loader (`nsa.settings`), dispatch (`nsa.dispatch`), the bench
-suites and CLI flags (`bench`), `ci decide / report / pr / pipeline` and, through the decision file,
-the report templates. Adding a key or a candidate is one entry here plus the backend's op.
+derives from `KEYS`: the config loader (`nsa_contract.settings`), dispatch (`nsa.dispatch`), the
+bench suites and CLI flags (`bench`), `ci decide / report / pr / pipeline` and, through the decision
+file, the report templates. Adding a key for a backend that exists is one entry here plus its value
+in configs/base.yaml (DESIGN.md, "Where a change goes"; tests/ci/test_key_reach.py).
 
 Shape classes. A key's value may differ by class, so that one layout never vetoes another that
 dispatch would not confuse with it (docs/pipeline.md, "Decision"). The class is the GQA group size
@@ -31,6 +32,11 @@ GRID_FIELDS = {
     "selected": (("cmp_block", "block"), ("cmp_stride", "stride"), ("sel_block", "sel_block"),
                  ("sel_count", "sel_count")),
 }
+# Upper bound of `sel_count` (docs/nsa.md, "Selection"), for nsa.config and the config loader alike:
+# the selected blocks are `[B, T, Hkv, n]` whatever T, padded with -1, so n sizes a per-token tensor.
+# 4096 is 256 times the paper's 16, an index row of 32 KiB per token and KV head, and 262k tokens at
+# l' = 64 (twice the longest context run here, 128k); 10**9 asked for 8 GB per token and KV head.
+MAX_SEL_COUNT = 4096
 
 
 @dataclass(frozen=True)

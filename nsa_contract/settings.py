@@ -7,8 +7,9 @@ merge key (`<<:`), a duplicated key, a file that is not UTF-8. Each error names 
 got and how to fix it.
 
 Threshold values (docs/pipeline.md, "Thresholds"): a plain int applies to every shape class; a
-mapping names classes (`{g1: -1, g16: 1024}`, classes from `nsa.keys.CLASSES`). The value in
-force for (profile, class) is the profile's entry, else `runtime`'s, else -1.
+mapping names classes (`{g1: -1, g16: 1024}`, classes from `nsa_contract.keys.CLASSES`); one value's
+rule is `nsa_contract.values.problem`. The value in force for (profile, class) is the profile's
+entry, else `runtime`'s, else -1.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from typing import Any
 
 import yaml
 
-from nsa import keys
-from nsa.config import MAX_SEL_COUNT
+from nsa_contract import keys, values
+from nsa_contract.keys import MAX_SEL_COUNT
 
 CONFIG_ENV = "NSA_CONFIG"  # another config file instead of the default (config_source)
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "base.yaml"  # a checkout's
 
-Value = int | dict[str, int]
+Value = values.Value
 
 # The model grid (the paper's values are the defaults; `ci decide` uses them as the decision grid).
 NSA_FIELDS = {"cmp_block": 32, "cmp_stride": 16, "sel_block": 64, "sel_count": 16, "window": 512}
@@ -125,8 +126,8 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _Loader.
 
 
 def default_path() -> Path:
-    """configs/base.yaml of a checkout, else the copy installed with the package (nsa.resources)."""
-    from nsa import resources
+    """configs/base.yaml of a checkout, else the copy installed with the package (nsa_contract.resources)."""
+    from nsa_contract import resources
 
     try:
         return resources.default_config_path()
@@ -234,26 +235,10 @@ def _unknown(doc: Mapping[str, Any], allowed: Any, source: str, what: str, prefi
 
 def threshold(value: Any, where: str) -> Value:
     """Validate one threshold value as written (plain or per class); raises SettingsError."""
-    if isinstance(value, Mapping):
-        if not value:
-            raise SettingsError(f"{where} must name at least one class, got an empty mapping; write a plain int")
-        out = {}
-        for cls, v in value.items():
-            if cls not in keys.CLASSES:
-                raise SettingsError(f"{where}: class {cls!r} is unknown; classes are {', '.join(keys.CLASSES)}")
-            out[cls] = _plain(v, f"{where}.{cls}")
-        return out
-    return _plain(value, where)
-
-
-def _plain(value: Any, where: str) -> int:
-    if isinstance(value, bool):
-        raise SettingsError(f"{where} must be -1 (off) or a sequence length >= 0, got the boolean {value} "
-                            "(YAML reads on/off/yes/no/true/false as booleans); write -1 to disable")
-    if not _int(value) or value < -1:
-        raise SettingsError(f"{where} must be -1 (off) or a sequence length >= 0, got {value!r}; "
-                            "write an integer such as 2048, or -1")
-    return value
+    why = values.problem(value, where)
+    if why is not None:
+        raise SettingsError(why)
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 def _thresholds(block: Mapping[str, Any], source: str, where: str) -> dict[str, Value]:

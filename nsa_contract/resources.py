@@ -1,10 +1,10 @@
-"""Where the package's default files live: the checkout's, else the copies installed with it.
+"""Where the default files live: the checkout's, else the copies installed with the library.
 
 A checkout keeps one copy of each (`configs/base.yaml`, `templates/*.j2`); building a wheel copies
-them into `nsa/_data/` (setup.py), so that an installed package carries its defaults. The checkout
-wins when both exist, so editing `configs/base.yaml` in a checkout takes effect at once.
-`NSA_CONFIG` overrides the config in the readers (nsa.settings.config_source), not here. Standard library only:
-`ci/` uses it without importing torch.
+them into `nsa_contract/_data/` (setup.py), so that an installed library carries its defaults. The
+checkout wins when both exist, so editing `configs/base.yaml` in a checkout takes effect at once.
+`NSA_CONFIG` overrides the config in the readers (nsa_contract.settings.config_source), not here.
+Standard library only: `ci/` uses it without importing torch.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def _in_checkout() -> bool:
 
 
 def default_config_path() -> Path:
-    """The default thresholds file: `<checkout>/configs/base.yaml`, else `nsa/_data/base.yaml`."""
+    """The default thresholds file: `<checkout>/configs/base.yaml`, else `nsa_contract/_data/base.yaml`."""
     for path in ((CHECKOUT / "configs" / "base.yaml") if _in_checkout() else None, DATA / "base.yaml"):
         if path is not None and path.is_file():
             return path
@@ -33,7 +33,7 @@ def default_config_path() -> Path:
 
 
 def templates_dir() -> Path:
-    """The report templates' folder: `<checkout>/templates`, else `nsa/_data/templates`."""
+    """The report templates' folder: `<checkout>/templates`, else `nsa_contract/_data/templates`."""
     for path in ((CHECKOUT / "templates") if _in_checkout() else None, DATA / "templates"):
         if path is not None and (path / "report.md.j2").is_file():
             return path
