@@ -1,0 +1,342 @@
+"""Serving: a paged decode cache for a batch of sequences of different lengths, and its step.
+
+`PagedCache` holds up to `max_seqs` sequences (slots) of one `NSAAttention` layer, each at its
+own length:
+
+- the raw K/V the selection branch reads (all of a `kv="shared"` layer's) in a pool of pages of
+  `page_size` tokens (`sel_block` by default, or a multiple), addressed per slot by a block table
+  `page_table [max_seqs, pages]` (int32, vLLM's layout). Page 0 is never handed out: free slots
+  point every entry there, so their steps write and read nothing of another sequence;
+- a `kv="separate"` layer's window K/V in a ring of `window` rows per slot, its compression
+  branch's last `cmp_block` raw K/V in a ring per slot, and the compressed stream per slot
+  (a shared-K/V layer's window reads the pages in place);
+- the lengths, on the device (`lengths`, int32) and on the host (`lens`): the host allocates
+  pages and never reads the device copy, so a step never synchronises.
+
+A step (`PagedCache.step`) runs every slot: one fixed set of launches whatever the lengths, which
+is what lets `GraphedDecode` capture it once and replay it at any positions. A free slot's row
+computes on the null page and its output is to be ignored; only the slots in `active` advance.
+
+    cache = PagedCache(attn, max_seqs=8, max_len=65536)
+    for s, prompt in enumerate(prompts):            # x [1, T_s, dim]: each its own length
+        y = cache.prefill(prompt, slot=cache.add())
+    y_t = cache.step(x_t)                           # x_t [8, 1, dim] -> [8, 1, dim]
+
+`fork(slot)` starts a sequence that shares the slot's pages (a common prefix); the first append
+to a shared page copies it (copy on write; only the last page is ever written).
+`export_blocks` / `import_blocks` convert selected blocks to and from the `topk_idx [Hkv,
+total_q, k]` layout (int32, -1 padded) of vLLM's and TensorRT-LLM's block-sparse attention, so
+the selection branch can run from an external indexer's blocks (`step(..., blocks=)`).
+
+Needs the Triton backend's fused decode kernels (a CUDA device, or Triton's interpreter on a CPU);
+the contiguous `NSACache` of `NSAAttention.step` serves every other backend.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nsa.backends import triton_nsa
+from nsa.module import NSAAttention
+from nsa.rope import apply_rope
+
+__all__ = ["PagedCache", "export_blocks", "import_blocks"]
+
+NULL_PAGE = 0
+
+
+class PagedCache:
+    """Paged decode state of up to `max_seqs` sequences of `layer` (module docstring).
+
+    `max_len`: the longest sequence a slot may hold (sizes the block table, the compressed stream
+    and the step's launch shapes). `num_pages`: the pool (default: every slot at `max_len`, plus
+    the null page); forks share pages, so a pool smaller than that serves more sequences with
+    common prefixes. `device`/`dtype`: the layer's parameters' by default.
+    """
+
+    def __init__(self, layer: NSAAttention, *, max_seqs: int, max_len: int, page_size: int | None = None,
+                 num_pages: int | None = None, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        if not isinstance(layer, NSAAttention):
+            raise TypeError(f"layer must be an NSAAttention, got {type(layer).__name__}")
+        c = self.config = layer.config
+        self.layer = layer
+        param = next(layer.parameters())
+        self.device = torch.device(device) if device is not None else param.device
+        self.dtype = dtype or param.dtype
+        why = triton_nsa.unavailable_reason(self.device)
+        if why is not None:
+            raise RuntimeError(f"PagedCache needs the triton backend's decode kernels: {why}; use attn.new_cache() "
+                               "and attn.step(...) (any backend) instead")
+        for name, value in (("max_seqs", max_seqs), ("max_len", max_len)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        page = c.sel_block if page_size is None else page_size
+        if not isinstance(page, int) or page < c.sel_block or page % c.sel_block:
+            raise ValueError(f"page_size must be a multiple of sel_block={c.sel_block} (a page holds whole selection "
+                             f"blocks), got {page_size!r}")
+        why = triton_nsa.decode_unsupported_reason(
+            torch.empty(1, 1, c.n_heads, c.head_dim_qk, device="meta"), t=max_len - 1, dv=c.head_dim_v,
+            block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block)
+        if why is not None:
+            raise ValueError(f"the fused decode step cannot run this layer at max_len={max_len}: {why}")
+        self.max_seqs, self.max_len, self.page_size = max_seqs, max_len, page
+        self.pages_per_seq = -(-max_len // page)
+        if num_pages is None:
+            num_pages = max_seqs * self.pages_per_seq + 1
+        if not isinstance(num_pages, int) or num_pages < 2:
+            raise ValueError(f"num_pages must be an int >= 2 (page 0 is the null page), got {num_pages!r}")
+        self.num_pages = num_pages
+        hkv, dk, dv, dev, dt = c.n_kv_heads, c.head_dim_qk, c.head_dim_v, self.device, self.dtype
+        self.raw_name = layer._kv_name("sel")
+        self.k_pool = torch.zeros(num_pages, page, hkv, dk, device=dev, dtype=dt)
+        self.v_pool = torch.zeros(num_pages, page, hkv, dv, device=dev, dtype=dt)
+        self.shared = c.kv == "shared"
+        if not self.shared:
+            self.k_win = torch.zeros(max_seqs, c.window, hkv, dk, device=dev, dtype=dt)
+            self.v_win = torch.zeros(max_seqs, c.window, hkv, dv, device=dev, dtype=dt)
+        self.k_ring = torch.zeros(max_seqs, c.cmp_block, hkv, dk, device=dev, dtype=dt)
+        self.v_ring = torch.zeros(max_seqs, c.cmp_block, hkv, dv, device=dev, dtype=dt)
+        self.n_cmp = max(1, (max_len - c.cmp_block) // c.cmp_stride + 1)
+        self.k_cmp = torch.zeros(max_seqs, self.n_cmp, hkv, dk, device=dev, dtype=dt)
+        self.v_cmp = torch.zeros(max_seqs, self.n_cmp, hkv, dv, device=dev, dtype=dt)
+        self.page_table = torch.full((max_seqs, self.pages_per_seq), NULL_PAGE, dtype=torch.int32, device=dev)
+        self.lengths = torch.zeros(max_seqs, dtype=torch.int32, device=dev)
+        self.counts = triton_nsa.decode_counts(max_seqs * hkv, dev)
+        self.active = torch.zeros(max_seqs, dtype=torch.bool, device=dev)
+        # Host state: which slots hold a sequence, their lengths and pages, the pool's free list
+        # and each page's references (forks share pages).
+        self.lens = [0] * max_seqs
+        self.used = [False] * max_seqs
+        self.pages: list[list[int]] = [[] for _ in range(max_seqs)]
+        self.refs = [0] * num_pages
+        self.free_pages = list(range(num_pages - 1, NULL_PAGE, -1))
+        self._slots = torch.arange(max_seqs, device=dev)
+        self._ring_pos = torch.arange(c.cmp_block, device=dev)
+        self.last_blocks: Tensor | None = None   # the last step's selected blocks [max_seqs, 1, Hkv, n]
+
+    # --- slots and pages (host) -----------------------------------------------------------------
+    def add(self) -> int:
+        """A free slot for a new sequence (length 0)."""
+        for s, used in enumerate(self.used):
+            if not used:
+                self.used[s], self.lens[s] = True, 0
+                self.lengths[s] = 0
+                self.active[s] = True
+                return s
+        raise RuntimeError(f"all {self.max_seqs} slots hold sequences; free() one, or make the cache with more "
+                           "max_seqs")
+
+    def free(self, slot: int) -> None:
+        """End the sequence in `slot`: its pages return to the pool (those no fork still holds)."""
+        self._check_slot(slot)
+        for page in self.pages[slot]:
+            self._release(page)
+        self.pages[slot] = []
+        self.used[slot], self.lens[slot] = False, 0
+        self.page_table[slot] = NULL_PAGE
+        self.lengths[slot] = 0
+        self.active[slot] = False
+
+    def fork(self, slot: int) -> int:
+        """A new slot continuing `slot`'s sequence: it shares every page (copy on write at the
+        last, partly filled one) and copies the per-slot rings and compressed stream."""
+        self._check_slot(slot)
+        new = self.add()
+        self.pages[new] = list(self.pages[slot])
+        for page in self.pages[new]:
+            self.refs[page] += 1
+        self.lens[new] = self.lens[slot]
+        self.page_table[new] = self.page_table[slot]
+        self.lengths[new] = self.lens[slot]
+        for buf in self._per_slot():
+            buf[new] = buf[slot]
+        return new
+
+    def _per_slot(self) -> list[Tensor]:
+        bufs = [self.k_ring, self.v_ring, self.k_cmp, self.v_cmp]
+        return bufs if self.shared else [*bufs, self.k_win, self.v_win]
+
+    def _check_slot(self, slot: int) -> None:
+        if not isinstance(slot, int) or not 0 <= slot < self.max_seqs or not self.used[slot]:
+            raise ValueError(f"slot {slot!r} holds no sequence (slots in use: "
+                             f"{[s for s, u in enumerate(self.used) if u]}); add() one first")
+
+    def _release(self, page: int) -> None:
+        self.refs[page] -= 1
+        if self.refs[page] == 0:
+            self.free_pages.append(page)
+
+    def _new_page(self) -> int:
+        if not self.free_pages:
+            raise RuntimeError(f"the page pool ({self.num_pages - 1} pages of {self.page_size} tokens) is full; free() "
+                               "a sequence, or make the cache with more num_pages")
+        page = self.free_pages.pop()
+        self.refs[page] = 1
+        return page
+
+    def reserve(self, slot: int, n: int) -> None:
+        """Pages for `n` more tokens of `slot` (copying a shared last page first): host work
+        before a step or a prefill writes them."""
+        self._check_slot(slot)
+        end = self.lens[slot] + n
+        if end > self.max_len:
+            raise ValueError(f"slot {slot} would hold {end} tokens, past max_len={self.max_len}; make the cache with "
+                             "a larger max_len")
+        first = self.lens[slot] // self.page_size
+        pages = self.pages[slot]
+        cow = n > 0 and first < len(pages) and self.refs[pages[first]] > 1
+        need = -(-end // self.page_size)
+        if cow + max(0, need - len(pages)) > len(self.free_pages):        # before taking any: nothing half done
+            raise RuntimeError(f"the page pool ({self.num_pages - 1} pages of {self.page_size} tokens) is full; free() "
+                               "a sequence, or make the cache with more num_pages")
+        if cow:                                                            # copy on write
+            old, new = pages[first], self._new_page()
+            self.k_pool[new], self.v_pool[new] = self.k_pool[old], self.v_pool[old]
+            self._release(old)
+            pages[first] = new
+            self.page_table[slot, first] = new
+        while len(pages) < need:         # one fill per page: no host-to-device copy, so no synchronisation
+            page = self._new_page()
+            self.page_table[slot, len(pages)] = page
+            pages.append(page)
+
+    # --- prefill ---------------------------------------------------------------------------------
+    def prefill(self, x: Tensor, slot: int) -> Tensor:
+        """Prefill the empty `slot` with `x [1, T, dim]` through the layer's own prefill (any
+        backend, `auto` by default) and store its K/V: returns the layer's output `[1, T, dim]`."""
+        self._check_slot(slot)
+        if self.lens[slot]:
+            raise ValueError(f"slot {slot} already holds {self.lens[slot]} tokens; prefill an empty slot (add())")
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[0] != 1:
+            raise ValueError(f"x must be one sequence [1, T, dim], got {tuple(x.shape) if isinstance(x, Tensor) else x}")
+        layer, c = self.layer, self.config
+        t = x.shape[1]
+        self.reserve(slot, t)
+        y, dense = layer.prefill(x)
+        kb, vb = dense.raw[self.raw_name]
+        pos = torch.arange(t, device=self.device)
+        self._write_pages(slot, pos, kb.view()[0], vb.view()[0])
+        if not self.shared:
+            kw, vw = dense.raw["win"]
+            last = torch.arange(max(0, t - c.window), t, device=self.device)
+            self.k_win[slot, last % c.window] = kw.view(c.window)[0]
+            self.v_win[slot, last % c.window] = vw.view(c.window)[0]
+        kr, vr = dense.raw[layer._kv_name("cmp")]
+        last = torch.arange(max(0, t - c.cmp_block), t, device=self.device)
+        self.k_ring[slot, last % c.cmp_block] = kr.view(c.cmp_block)[0]
+        self.v_ring[slot, last % c.cmp_block] = vr.view(c.cmp_block)[0]
+        if dense.k_cmp is not None and dense.k_cmp.shape[1]:
+            n = dense.k_cmp.shape[1]
+            self.k_cmp[slot, :n], self.v_cmp[slot, :n] = dense.k_cmp[0], dense.v_cmp[0]
+        self.lens[slot] = t
+        self.lengths[slot] = t
+        return y
+
+    def _write_pages(self, slot: int, pos: Tensor, k: Tensor, v: Tensor) -> None:
+        rows = self.page_table[slot, pos // self.page_size].long() * self.page_size + pos % self.page_size
+        self.k_pool.view(-1, *self.k_pool.shape[2:])[rows] = k.to(self.dtype)
+        self.v_pool.view(-1, *self.v_pool.shape[2:])[rows] = v.to(self.dtype)
+
+    # --- decode ----------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Host work of the next step: a page for every active slot whose next token starts one
+        (or writes a shared page). `step` calls it; `GraphedDecode` calls it before each replay."""
+        for s, used in enumerate(self.used):
+            if used:
+                self.reserve(s, 1)
+
+    def step(self, x_t: Tensor, *, blocks: Tensor | None = None) -> Tensor:
+        """One decode step of every slot: `x_t [max_seqs, 1, dim]` (a free slot's row is ignored)
+        -> `[max_seqs, 1, dim]`, each active slot at its own position, which then advances.
+        `blocks`: the selected blocks given `[max_seqs, 1, Hkv, sel_count]` (`import_blocks`)."""
+        self.prepare()
+        out = self.step_device(x_t, blocks=blocks)
+        self.advance()
+        return out
+
+    def advance(self) -> None:
+        """The host's lengths after a step (the device's advanced in the step itself)."""
+        for s, used in enumerate(self.used):
+            if used:
+                self.lens[s] += 1
+
+    def step_device(self, x_t: Tensor, *, blocks: Tensor | None = None) -> Tensor:
+        """The device work of `step`: no host synchronisation, the same launches at any lengths."""
+        layer, c = self.layer, self.config
+        if not isinstance(x_t, Tensor) or tuple(x_t.shape) != (self.max_seqs, 1, c.dim):
+            raise ValueError(f"x_t must be [max_seqs={self.max_seqs}, 1, dim={c.dim}] (one row per slot; a free "
+                             f"slot's row is ignored), got {tuple(x_t.shape) if isinstance(x_t, Tensor) else x_t}")
+        pos = self.lengths
+        q, kv, gates = self._project(x_t, pos)
+        # The new token's K/V: the pages (a free slot's rows point at the null page), the rings.
+        k_s, v_s = kv[self.raw_name]
+        page = self.page_table.gather(1, (pos // self.page_size).long()[:, None])[:, 0].long()
+        rows = page * self.page_size + (pos % self.page_size).long()
+        self.k_pool.view(-1, *self.k_pool.shape[2:])[rows] = k_s[:, 0]
+        self.v_pool.view(-1, *self.v_pool.shape[2:])[rows] = v_s[:, 0]
+        if not self.shared:
+            w = (pos % c.window).long()
+            self.k_win[self._slots, w] = kv["win"][0][:, 0]
+            self.v_win[self._slots, w] = kv["win"][1][:, 0]
+        k_c, v_c = kv[layer._kv_name("cmp")]
+        r = (pos % c.cmp_block).long()
+        self.k_ring[self._slots, r] = k_c[:, 0]
+        self.v_ring[self._slots, r] = v_c[:, 0]
+        self._emit_compressed(pos)
+        k_win, v_win = (self.k_pool, self.v_pool) if self.shared else (self.k_win, self.v_win)
+        out, idx = triton_nsa.decode_step(
+            q, gates, self.k_cmp, self.v_cmp, self.k_pool, self.v_pool, k_win, v_win, t=self.max_len - 1,
+            block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, sel_count=c.sel_count, window=c.window,
+            scale=c.softmax_scale, counts=self.counts, pos=pos, page_table=self.page_table,
+            page_size=self.page_size, win_layout="pages" if self.shared else "ring", idx=blocks)
+        self.last_blocks = idx
+        self.lengths.add_(self.active.to(torch.int32))
+        return layer._out(out)
+
+    def _project(self, x_t: Tensor, pos: Tensor) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]], Tensor]:
+        """`NSAAttention.project` with each slot at its own position `pos [max_seqs]`."""
+        layer, c = self.layer, self.config
+        b = x_t.shape[0]
+        p = pos[:, None]
+        q = layer.q_proj(x_t).view(b, 1, c.n_heads, c.head_dim_qk)
+        if c.rope:
+            q = apply_rope(q, p, c.rope_theta)
+        kv = {}
+        for name in layer.kv_names:
+            k = layer.k_proj[name](x_t).view(b, 1, c.n_kv_heads, c.head_dim_qk)
+            v = layer.v_proj[name](x_t).view(b, 1, c.n_kv_heads, c.head_dim_v)
+            kv[name] = (apply_rope(k, p, c.rope_theta) if c.rope else k, v)
+        gates = torch.sigmoid(layer.gate(x_t)).view(b, 1, c.n_heads, 3)
+        return q, kv, gates
+
+    def _emit_compressed(self, pos: Tensor) -> None:
+        """Compressed token `(t+1-l)/d` of each slot whose token `t` completes one: computed for
+        every slot from its ring (in position order) and stored where due (fixed shapes)."""
+        c = self.config
+        start = pos + 1 - c.cmp_block
+        due = (start >= 0) & (start % c.cmp_stride == 0)
+        order = (start[:, None] + self._ring_pos) % c.cmp_block                     # [B, l]
+        k = self.k_ring.gather(1, order.long()[:, :, None, None].expand(-1, -1, *self.k_ring.shape[2:]))
+        v = self.v_ring.gather(1, order.long()[:, :, None, None].expand(-1, -1, *self.v_ring.shape[2:]))
+        nk, nv = self.layer.compress(k, v)                                          # [B, 1, Hkv, *]
+        n = (start.clamp(min=0) // c.cmp_stride).clamp(max=self.n_cmp - 1).long()
+        keep = due[:, None, None]
+        self.k_cmp[self._slots, n] = torch.where(keep, nk[:, 0], self.k_cmp[self._slots, n])
+        self.v_cmp[self._slots, n] = torch.where(keep, nv[:, 0], self.v_cmp[self._slots, n])
+
+
+def export_blocks(idx: Tensor) -> Tensor:
+    """Selected blocks `[B, Tq, Hkv, n]` (NSA's) -> `topk_idx [Hkv, B*Tq, n]` int32 (-1 padded)."""
+    if idx.dim() != 4:
+        raise ValueError(f"idx must be [B, Tq, Hkv, n], got {list(idx.shape)}")
+    return idx.permute(2, 0, 1, 3).reshape(idx.shape[2], -1, idx.shape[3]).to(torch.int32).contiguous()
+
+
+def import_blocks(topk_idx: Tensor, batch: int, q_len: int = 1) -> Tensor:
+    """`topk_idx [Hkv, total_q, k]` (int32, -1 padded) -> NSA's `[B, Tq, Hkv, k]` for `total_q = B*Tq`."""
+    if topk_idx.dim() != 3 or topk_idx.shape[1] != batch * q_len:
+        raise ValueError(f"topk_idx must be [Hkv, total_q={batch * q_len}, k], got {list(topk_idx.shape)}")
+    return topk_idx.reshape(topk_idx.shape[0], batch, q_len, -1).permute(1, 2, 0, 3).to(torch.int32).contiguous()
+
