@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from nsa.backends import triton_nsa
+from nsa.cache import NSACache
 from nsa.module import NSAAttention
 from nsa.rope import apply_rope
 
@@ -211,11 +212,22 @@ class PagedCache:
             raise ValueError(f"slot {slot} already holds {self.lens[slot]} tokens; prefill an empty slot (add())")
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[0] != 1:
             raise ValueError(f"x must be one sequence [1, T, dim], got {tuple(x.shape) if isinstance(x, Tensor) else x}")
+        self.reserve(slot, x.shape[1])
+        y, dense = self.layer.prefill(x)
+        self.load(slot, dense)
+        return y
+
+    def load(self, slot: int, dense: NSACache) -> None:
+        """Store a one-sequence contiguous cache (`NSAAttention.prefill`'s) in the empty `slot`."""
+        self._check_slot(slot)
+        self.layer._check_cache(dense)
         layer, c = self.layer, self.config
-        t = x.shape[1]
-        self.reserve(slot, t)
-        y, dense = layer.prefill(x)
+        t = dense.length
         kb, vb = dense.raw[self.raw_name]
+        if self.lens[slot] or kb.data is None or kb.data.shape[0] != 1:
+            raise ValueError(f"load takes a one-sequence cache into an empty slot; slot {slot} holds "
+                             f"{self.lens[slot]} tokens")
+        self.reserve(slot, t)
         pos = torch.arange(t, device=self.device)
         self._write_pages(slot, pos, kb.view()[0], vb.view()[0])
         if not self.shared:
@@ -232,7 +244,6 @@ class PagedCache:
             self.k_cmp[slot, :n], self.v_cmp[slot, :n] = dense.k_cmp[0], dense.v_cmp[0]
         self.lens[slot] = t
         self.lengths[slot] = t
-        return y
 
     def _write_pages(self, slot: int, pos: Tensor, k: Tensor, v: Tensor) -> None:
         rows = self.page_table[slot, pos // self.page_size].long() * self.page_size + pos % self.page_size
@@ -263,7 +274,8 @@ class PagedCache:
                 self.lens[s] += 1
 
     def step_device(self, x_t: Tensor, *, blocks: Tensor | None = None) -> Tensor:
-        """The device work of `step`: no host synchronisation, the same launches at any lengths."""
+        """The device work of `step`: no host synchronisation, the same launches at any lengths
+        (the active slots' device lengths advance; `advance()` is the host's side)."""
         layer, c = self.layer, self.config
         if not isinstance(x_t, Tensor) or tuple(x_t.shape) != (self.max_seqs, 1, c.dim):
             raise ValueError(f"x_t must be [max_seqs={self.max_seqs}, 1, dim={c.dim}] (one row per slot; a free "
@@ -340,3 +352,67 @@ def import_blocks(topk_idx: Tensor, batch: int, q_len: int = 1) -> Tensor:
         raise ValueError(f"topk_idx must be [Hkv, total_q={batch * q_len}, k], got {list(topk_idx.shape)}")
     return topk_idx.reshape(topk_idx.shape[0], batch, q_len, -1).permute(1, 2, 0, 3).to(torch.int32).contiguous()
 
+
+
+class GraphedDecode:
+    """`PagedCache.step` replayed from one CUDA graph: captured on the first call, then replayed
+    at every later position of every slot (the step's launches depend on the cache's sizes
+    alone, positions are read on the device), so it is never captured again as sequences grow,
+    fork, end or start. Per call: the host's page work (`PagedCache.prepare`), a copy of `x_t`
+    into the graph's input, one replay, a copy of the output.
+
+        step = GraphedDecode(cache)
+        with torch.no_grad():
+            y_t = step(x_t)          # as cache.step(x_t): [max_seqs, 1, dim]
+
+    The graph holds the cache's tensors and the layer's parameters as they were at the capture:
+    replace neither (copy_ into a parameter is fine). Inference only, like nsa.graphs.GraphedAttend.
+    """
+
+    def __init__(self, cache: PagedCache, *, warmup: int = 2) -> None:
+        if not isinstance(cache, PagedCache):
+            raise TypeError(f"cache must be a PagedCache, got {type(cache).__name__}")
+        if cache.device.type != "cuda":
+            raise ValueError(f"GraphedDecode needs a cache on a CUDA device, got {cache.device}; call cache.step(x_t)")
+        if warmup < 1:
+            raise ValueError(f"warmup must be >= 1 (the first call compiles the kernels), got {warmup}")
+        self.cache, self.warmup = cache, warmup
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.captures = 0
+        self._x: Tensor | None = None
+        self._out: Tensor | None = None
+
+    def __call__(self, x_t: Tensor) -> Tensor:
+        cache = self.cache
+        if torch.is_grad_enabled() and (x_t.requires_grad or any(p.requires_grad for p in cache.layer.parameters())):
+            raise RuntimeError("GraphedDecode is for inference: call it under torch.no_grad() or torch.inference_mode()")
+        c = cache.config
+        if not isinstance(x_t, Tensor) or tuple(x_t.shape) != (cache.max_seqs, 1, c.dim) or x_t.device != cache.device:
+            raise ValueError(f"x_t must be [max_seqs={cache.max_seqs}, 1, dim={c.dim}] on {cache.device}, got "
+                             f"{tuple(x_t.shape) if isinstance(x_t, Tensor) else x_t}")
+        cache.prepare()
+        if self.graph is None:
+            self._capture(x_t)
+        self._x.copy_(x_t)
+        self.graph.replay()
+        cache.advance()
+        return self._out.clone()
+
+    def _capture(self, x_t: Tensor) -> None:
+        cache = self.cache
+        self._x = x_t.detach().clone()
+        lengths = cache.lengths.clone()
+        side = torch.cuda.Stream(cache.device)
+        side.wait_stream(torch.cuda.current_stream(cache.device))
+        with torch.no_grad(), torch.cuda.stream(side):
+            # Each warm-up step writes the same K/V at the same positions as the replay will, and
+            # advances the device lengths, which are set back after it.
+            for _ in range(self.warmup):
+                cache.step_device(self._x)
+                cache.lengths.copy_(lengths)
+        torch.cuda.current_stream(cache.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            self._out = cache.step_device(self._x)
+        self.graph = graph
+        self.captures += 1
