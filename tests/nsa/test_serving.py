@@ -31,7 +31,7 @@ def _alone(layer: NSAAttention, x: torch.Tensor, prompt: int) -> torch.Tensor:
     """x [1, T, dim]: prefill `prompt` tokens, then step the rest with the same weights on the
     Triton backend (its fused decode step on a contiguous cache); the outputs of the steps."""
     _, cache = layer.prefill(x[:, :prompt])
-    fused = NSAAttention(layer.config, backend="triton").to(DEV)
+    fused = NSAAttention(layer.config, backend="triton").to(DEV, next(layer.parameters()).dtype)
     fused.load_state_dict(layer.state_dict())
     return torch.cat([fused.step(x[:, t:t + 1], cache) for t in range(prompt, x.shape[1])], 1)
 
