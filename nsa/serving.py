@@ -38,6 +38,8 @@ import torch
 from torch import Tensor
 
 from nsa.backends import triton_nsa
+from nsa.backends.triton_kernels import decode as _dec
+from nsa.backends.triton_kernels import serve as _serve
 from nsa.cache import NSACache
 from nsa.module import NSAAttention
 from nsa.rope import apply_rope
@@ -105,7 +107,7 @@ class PagedCache:
         self.page_table = torch.full((max_seqs, self.pages_per_seq), NULL_PAGE, dtype=torch.int32, device=dev)
         self.lengths = torch.zeros(max_seqs, dtype=torch.int32, device=dev)
         self.counts = triton_nsa.decode_counts(max_seqs * hkv, dev)
-        self.active = torch.zeros(max_seqs, dtype=torch.bool, device=dev)
+        self.active = torch.zeros(max_seqs, dtype=torch.int32, device=dev)   # 1: the slot holds a sequence
         # Host state: which slots hold a sequence, their lengths and pages, the pool's free list
         # and each page's references (forks share pages).
         self.lens = [0] * max_seqs
@@ -116,6 +118,22 @@ class PagedCache:
         self._slots = torch.arange(max_seqs, device=dev)
         self._ring_pos = torch.arange(c.cmp_block, device=dev)
         self.last_blocks: Tensor | None = None   # the last step's selected blocks [max_seqs, 1, Hkv, n]
+        # The fused step (one projection matmul, one prologue launch, the decode launches bound
+        # once): head dims even (RoPE halves) and a half or fp32 cache; else the torch prologue.
+        self.fused = (dt in (torch.float16, torch.bfloat16, torch.float32) and dk % 2 == 0 and dv % 2 == 0)
+        self._q = torch.zeros(max_seqs, 1, c.n_heads, dk, device=dev, dtype=dt)
+        self._gates = torch.zeros(max_seqs, 1, c.n_heads, 3, device=dev, dtype=dt)
+        self._pos = torch.zeros(max_seqs, dtype=torch.int32, device=dev)
+        self._blocks_in = torch.full((max_seqs, 1, hkv, c.sel_count), -1, dtype=torch.int32, device=dev)
+        self._weight_key: tuple | None = None
+        self._weight: tuple[Tensor, Tensor] | None = None
+        self._launch: dict[bool, _dec.DecodeLaunch] = {}
+        self._scratch: dict[str, Tensor] = {}
+        if self.fused:
+            half = dk // 2
+            inv_freq = c.rope_theta ** (-torch.arange(half, device=dev, dtype=torch.float32) / half)
+            angle = torch.arange(max_len, device=dev).to(torch.float32)[:, None] * inv_freq    # as nsa.rope
+            self._cos, self._sin = angle.cos().contiguous(), angle.sin().contiguous()
 
     # --- slots and pages (host) -----------------------------------------------------------------
     def add(self) -> int:
@@ -124,7 +142,7 @@ class PagedCache:
             if not used:
                 self.used[s], self.lens[s] = True, 0
                 self.lengths[s] = 0
-                self.active[s] = True
+                self.active[s] = 1
                 return s
         raise RuntimeError(f"all {self.max_seqs} slots hold sequences; free() one, or make the cache with more "
                            "max_seqs")
@@ -138,7 +156,7 @@ class PagedCache:
         self.used[slot], self.lens[slot] = False, 0
         self.page_table[slot] = NULL_PAGE
         self.lengths[slot] = 0
-        self.active[slot] = False
+        self.active[slot] = 0
 
     def fork(self, slot: int) -> int:
         """A new slot continuing `slot`'s sequence: it shares every page (copy on write at the
@@ -280,6 +298,8 @@ class PagedCache:
         if not isinstance(x_t, Tensor) or tuple(x_t.shape) != (self.max_seqs, 1, c.dim):
             raise ValueError(f"x_t must be [max_seqs={self.max_seqs}, 1, dim={c.dim}] (one row per slot; a free "
                              f"slot's row is ignored), got {tuple(x_t.shape) if isinstance(x_t, Tensor) else x_t}")
+        if self.fused:
+            return self._step_fused(x_t, blocks)
         pos = self.lengths
         q, kv, gates = self._project(x_t, pos)
         # The new token's K/V: the pages (a free slot's rows point at the null page), the rings.
@@ -304,8 +324,78 @@ class PagedCache:
             scale=c.softmax_scale, counts=self.counts, pos=pos, page_table=self.page_table,
             page_size=self.page_size, win_layout="pages" if self.shared else "ring", idx=blocks)
         self.last_blocks = idx
-        self.lengths.add_(self.active.to(torch.int32))
+        self.lengths.add_(self.active)
         return layer._out(out)
+
+    def _fused_weights(self) -> tuple[Tensor, Tensor]:
+        """The layer's q, K/V and gate weights side by side (and the gate's bias after zeros): one
+        matmul projects a step. Rebuilt when a parameter changes (its storage or version)."""
+        layer = self.layer
+        mods = [layer.q_proj, *(m for n in layer.kv_names for m in (layer.k_proj[n], layer.v_proj[n])), layer.gate]
+        key = tuple((m.weight.data_ptr(), m.weight._version) for m in mods) + (
+            layer.gate.bias.data_ptr(), layer.gate.bias._version)
+        if key != self._weight_key:
+            with torch.no_grad():
+                weight = torch.cat([m.weight for m in mods]).to(self.dtype)
+                bias = torch.zeros(weight.shape[0], device=self.device, dtype=self.dtype)
+                bias[-layer.gate.weight.shape[0]:] = layer.gate.bias
+            self._weight, self._weight_key = (weight, bias), key
+        return self._weight
+
+    def _step_fused(self, x_t: Tensor, blocks: Tensor | None) -> Tensor:
+        """`step_device` in a few launches: the projection matmul, the prologue (serve.py), the
+        decode kernels bound once (decode.py `DecodeLaunch`), the lengths' advance, o_proj."""
+        layer, c = self.layer, self.config
+        weight, bias = self._fused_weights()
+        proj = torch.nn.functional.linear(x_t.reshape(self.max_seqs, c.dim).to(self.dtype), weight, bias)
+        self._prologue(proj)
+        if c.phi != "avg":
+            self._emit_compressed(self._pos)
+        given = blocks is not None
+        if given:
+            if tuple(blocks.shape) != tuple(self._blocks_in.shape):
+                raise ValueError(f"blocks must be [max_seqs, 1, Hkv, sel_count] = {list(self._blocks_in.shape)} "
+                                 f"int32 (import_blocks), got {list(blocks.shape)}")
+            self._blocks_in.copy_(blocks)
+        launch = self._launch.get(given)
+        if launch is None:
+            launch = self._launch[given] = self._bind_decode(given)
+        launch()
+        self.last_blocks = launch.idx
+        self.lengths.add_(self.active)
+        return layer._out(launch.out)
+
+    def _bind_decode(self, given: bool) -> _dec.DecodeLaunch:
+        c = self.config
+        k_win, v_win = (self.k_pool, self.v_pool) if self.shared else (self.k_win, self.v_win)
+        tiles = triton_nsa.current_tiles(self.device)
+        return _dec.decode_step(
+            self._q, self._gates, self.k_cmp, self.v_cmp, self.k_pool, self.v_pool, k_win, v_win, t=self.max_len - 1,
+            block=c.cmp_block, stride=c.cmp_stride, sel_block=c.sel_block, sel_count=c.sel_count, window=c.window,
+            scale=c.softmax_scale, tiles=tiles, counts=self.counts, pos=self._pos, page_table=self.page_table,
+            page_size=self.page_size, win_layout="pages" if self.shared else "ring",
+            idx=self._blocks_in if given else None, _plan=True, scratch=self._scratch)
+
+    def _prologue(self, proj: Tensor) -> None:
+        c, layer = self.config, self.layer
+        hq, hkv, dk, dv = c.n_heads, c.n_kv_heads, c.head_dim_qk, c.head_dim_v
+        cols, off = {}, hq * dk
+        for name in layer.kv_names:
+            cols[name] = (off, off + hkv * dk)
+            off += hkv * (dk + dv)
+        sel, cmp_ = cols[self.raw_name], cols[layer._kv_name("cmp")]
+        win = cols.get("win", (0, 0))
+        nrole = 2 if self.shared else 3
+        k_win, v_win = (self.k_ring, self.v_ring) if self.shared else (self.k_win, self.v_win)
+        avg = c.phi == "avg"
+        grid = (self.max_seqs, hq + nrole * 2 * hkv + 1 + (2 * hkv if avg else 0))
+        _serve._serve_prologue[grid](
+            proj, self.lengths, self._pos, self.page_table, self._cos, self._sin, self._q, self._gates, self.k_pool,
+            self.v_pool, k_win, v_win, self.k_ring, self.v_ring, self.k_cmp, self.v_cmp, proj.stride(0),
+            self.page_table.stride(0), HQ=hq, HKV=hkv, DK=dk, DV=dv, BHK=_serve.np2(dk // 2), BHV=_serve.np2(dv // 2),
+            BG=_serve.np2(3 * hq), OK_SEL=sel[0], OV_SEL=sel[1], OK_WIN=win[0], OV_WIN=win[1], OK_CMP=cmp_[0],
+            OV_CMP=cmp_[1], OG=off, NROLE=nrole, PAGE=self.page_size, W=c.window, L=c.cmp_block, STRIDE=c.cmp_stride,
+            NC=self.n_cmp, ROPE=c.rope, AVG=avg)
 
     def _project(self, x_t: Tensor, pos: Tensor) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]], Tensor]:
         """`NSAAttention.project` with each slot at its own position `pos [max_seqs]`."""

@@ -64,6 +64,28 @@ def test_ragged_paged_steps_equal_each_sequence_alone(kv, seed):
             assert rel_err(got[s:s + 1], ref) < 1e-4, p
 
 
+@pytest.mark.parametrize("phi,fused", [("mlp", True), pytest.param("avg", False, marks=pytest.mark.slow)],
+                         ids=["mlp-fused", "avg-torch-prologue"])
+def test_the_other_step_paths_equal_each_sequence_alone(phi, fused, seed):
+    """The learnable compressor (the prologue launch, then torch's compression) and the torch
+    prologue (a cache the fused step does not cover) give each sequence's own steps too."""
+    torch.manual_seed(seed)
+    cfg = NSAConfig(dim=32, n_heads=4, n_kv_heads=2, head_dim_qk=16, head_dim_v=8, cmp_block=8, cmp_stride=4,
+                    sel_block=16, sel_count=4, window=20, phi=phi)
+    layer = NSAAttention(cfg, backend="sdpa").to(DEV)
+    prompts = [6, 21]
+    xs = [torch.randn(1, p + 2, 32, device=DEV) for p in prompts]
+    cache = PagedCache(layer, max_seqs=2, max_len=64)
+    cache.fused = fused
+    with torch.no_grad():
+        for x, p in zip(xs, prompts, strict=True):
+            cache.prefill(x[:, :p], cache.add())
+        got = torch.cat([cache.step(torch.cat([x[:, p + i:p + i + 1] for x, p in zip(xs, prompts, strict=True)]))
+                         for i in range(2)], 1)
+        for s, (x, p) in enumerate(zip(xs, prompts, strict=True)):
+            assert rel_err(got[s:s + 1], _alone(layer, x, p)) < 1e-5, p
+
+
 def test_fork_shares_the_prefix_and_copies_on_write(seed):
     """A prompt of 40 tokens (its last page half full), forked; the two sequences step different
     tokens: each equals its own sequence alone, and the shared full page is not copied."""

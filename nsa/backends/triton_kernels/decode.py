@@ -655,7 +655,8 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
                 k_win: Tensor, v_win: Tensor, *, t: int, block: int, stride: int, sel_block: int, sel_count: int,
                 window: int, scale: float, tiles: Tiles, counts: Tensor | None = None, pos: Tensor | None = None,
                 page_table: Tensor | None = None, page_size: int = 0, win_layout: str = "tail",
-                idx: Tensor | None = None, _trace: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                idx: Tensor | None = None, _trace: Tensor | None = None, _plan: bool = False,
+                scratch: dict | None = None) -> tuple[Tensor, Tensor] | DecodeLaunch:
     """The gated NSA output `[B, 1, Hq, dv]` of the query at position `t` and its selected blocks
     `[B, 1, Hkv, sel_count]` (int32, ascending, -1 padded). Caches: compressed `k_cmp/v_cmp [B, Tc,
     Hkv, *]` (tokens `0 ..`), raw `k_sel/v_sel [B, >= t+1, Hkv, *]` (positions `0 ..`), window
@@ -674,7 +675,9 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     position p sits in page `page_table[b, p // page_size]`. `idx`: the selected blocks given
     (`[B, 1, Hkv, sel_count]` int32, -1 padded, e.g. from an external indexer): no top-n runs.
     `_trace` (diagnostics, CUDA only): an int64 `[>= B*Hkv, TRACE_SLOTS]` buffer the kernels stamp
-    with the global timer (TRACE_NAMES; the caller initialises it, bench/experiments/decode_trace.py)."""
+    with the global timer (TRACE_NAMES; the caller initialises it, bench/experiments/decode_trace.py).
+    `_plan`: return the step's `DecodeLaunch` instead of running it; `scratch`: a dict the caller
+    keeps, whose buffers the step reuses (allocated on first use)."""
     b, _, hq, dk = q.shape
     hkv, dv = k_sel.shape[2], v_sel.shape[-1]
     q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = unit_last_stride(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win)
@@ -731,10 +734,18 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     nbh = sync.shape[-1]
     # Every buffer before the first launch: a step that fails part way leaves no count behind.
     pdt = torch.float32 if tiles.dec_part_fp32 else q.dtype   # partial outputs; (m, l) and scores fp32
-    pml, pacc = _scratch(bh * nchs * 2 * bg, dev), _scratch(bh * nchs * bg * bdv, dev, pdt)
-    psc, psp = _scratch(bh * nchs * bg * nbk, dev), _scratch(bh * nchs * bg, dev)
+    def _buf(name: str, n: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        if scratch is None:
+            return _scratch(n, dev, dtype)
+        have = scratch.get(name)
+        if have is None or have.numel() < max(n, 1) or have.dtype != dtype or have.device != torch.device(dev):
+            have = scratch[name] = _scratch(n, dev, dtype)
+        return have
+
+    pml, pacc = _buf("pml", bh * nchs * 2 * bg), _buf("pacc", bh * nchs * bg * bdv, pdt)
+    psc, psp = _buf("psc", bh * nchs * bg * nbk), _buf("psp", bh * nchs * bg)
     sw = np2(t // sel_block + 1)
-    s = _scratch(bh * (sw + tiles.dtop_cap), dev)
+    s = _buf("s", bh * (sw + tiles.dtop_cap))
     ext = {"EXT": idx is not None}
     if idx is None:
         idx = torch.empty(b, 1, hkv, sel_count, dtype=torch.int32, device=dev)
@@ -743,10 +754,10 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
         raise ValueError(f"idx must be int32 [{b}, 1, {hkv}, {sel_count}] on {dev} (unit last stride), got "
                          f"{idx.dtype} {list(idx.shape)}")
     ncol = bdv // dvc
-    oc = _scratch(bh * bg * bdv, dev)
+    oc = _buf("oc", bh * bg * bdv)
     nwp = triton.cdiv(window, WIN_BLOCK) + 1        # blocks the window can touch (a fixed count: no recompiles)
-    bml, bacc = _scratch(bh * sel_count * 2 * bg, dev), _scratch(bh * sel_count * bg * bdv, dev, pdt)
-    wml, wacc = _scratch(bh * nwp * 2 * bg, dev), _scratch(bh * nwp * bg * bdv, dev, pdt)
+    bml, bacc = _buf("bml", bh * sel_count * 2 * bg), _buf("bacc", bh * sel_count * bg * bdv, pdt)
+    wml, wacc = _buf("wml", bh * nwp * 2 * bg), _buf("wacc", bh * nwp * bg * bdv, pdt)
     out = common.empty_out(b, 1, hq, dv, dtype=q.dtype, device=dev)
     if _trace is not None and (_trace.dtype != torch.int64 or _trace.dim() != 2 or _trace.shape[0] < bh
                                or _trace.shape[1] != TRACE_SLOTS.value or not _trace.is_contiguous()
@@ -766,36 +777,53 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     ps = page_size if paged else 0
     ksb, vsb = (0, 0) if paged else (k_sel.stride(0), v_sel.stride(0))
     len_sel = 2 ** 31 - 1 if paged else k_sel.shape[1]
-    try:
-        if nchs or flags:          # with flags, program 0 of each group also resets two counts
-            _dec_cmp[(max(nchs, 1), bh)](q, k_cmp, v_cmp, pml, pacc, psc, psp, sync, tr, posa, t, tc, nchs,
-                                q.stride(0), q.stride(2),
-                                k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1),
-                                v_cmp.stride(2), nbh, scale, DEVPOS=devpos, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e,
-                                D=stride, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags, **trace,
-                                **tiles.launch("dec"))
-        _dec_topn[(1, bh)](pml, psc, psp, s, idx, sync, tr, posa, t, tc, nchs, idx.stride(0), idx.stride(2),
-                                  nbh, **loop, **geo, **ext, SEL=sel_block, HKV=hkv, BG=bg, NBK=nbk, SW=sw,
-                                  N=sel_count, BN=np2(sel_count), CB=tiles.dec_cb,
-                                  **sort_params(sw, sel_count, tiles.dtop_algo, tiles.dtop_cap, tiles.topn_nchunk,
-                                                tiles.dtop_sort64),
-                                  ONCE=tiles.dtop_once, PDL=pdl, FLAGS=flags, **trace, **launch_pdl,
-                                  num_warps=tiles.dtop_warps)
-        _dec_blocks[(sel_count + nwp + ncol, bh)](
-            q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, pml, pacc, oc, sync, tr, posa, t, tc, nchs,
-            pt, spt, win, wcap, q.stride(0), q.stride(2), ksb,
-            k_sel.stride(1), k_sel.stride(2), vsb, v_sel.stride(1), v_sel.stride(2), k_win.stride(0),
-            k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2), idx.stride(0),
-            idx.stride(2), len_sel, scale, nbh, **geo, PAGE=ps, WMODE=wmode, HKV=hkv, G=group, BG=bg,
-            N_SEL=sel_count, SEL=sel_block, WB=WIN_BLOCK, NWP=nwp, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact,
-            PDL=pdl, FLAGS=flags, **trace, **loop, CB=tiles.dec_cb, DVC=dvc, **launch_pdl, **tiles.launch("dblk"))
-        _dec_out[(bh, ncol)](oc, bml, bacc, wml, wacc, gates, out, sync, tr, posa, t, tc, gates.stride(0),
-                             gates.stride(2), gates.stride(3), out.stride(0), out.stride(2), nbh, **geo, HKV=hkv,
-                             G=group, BG=bg,
-                             NSPL=sel_count, NWP=nwp, NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv, BDV=bdv, DVC=dvc,
-                             PDL=pdl, FLAGS=flags, **trace, **launch_pdl, num_warps=tiles.dout_warps)
-    except BaseException:
-        if flags and counts is not None:
-            counts.zero_()            # kernels launched before the failure counted; the next step starts at 0
-        raise
+    launches = []
+    if nchs or flags:              # with flags, program 0 of each group also resets two counts
+        launches.append((_dec_cmp, (max(nchs, 1), bh), (
+            q, k_cmp, v_cmp, pml, pacc, psc, psp, sync, tr, posa, t, tc, nchs, q.stride(0), q.stride(2),
+            k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), nbh,
+            scale), dict(DEVPOS=devpos, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e, D=stride, DK=dk, DV=dv, BDK=bdk,
+                         BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags, **trace, **tiles.launch("dec"))))
+    launches.append((_dec_topn, (1, bh), (pml, psc, psp, s, idx, sync, tr, posa, t, tc, nchs, idx.stride(0),
+                                          idx.stride(2), nbh), dict(
+        **loop, **geo, **ext, SEL=sel_block, HKV=hkv, BG=bg, NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count),
+        CB=tiles.dec_cb, **sort_params(sw, sel_count, tiles.dtop_algo, tiles.dtop_cap, tiles.topn_nchunk,
+                                       tiles.dtop_sort64),
+        ONCE=tiles.dtop_once, PDL=pdl, FLAGS=flags, **trace, **launch_pdl, num_warps=tiles.dtop_warps)))
+    launches.append((_dec_blocks, (sel_count + nwp + ncol, bh), (
+        q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, pml, pacc, oc, sync, tr, posa, t, tc, nchs,
+        pt, spt, win, wcap, q.stride(0), q.stride(2), ksb, k_sel.stride(1), k_sel.stride(2), vsb, v_sel.stride(1),
+        v_sel.stride(2), k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1),
+        v_win.stride(2), idx.stride(0), idx.stride(2), len_sel, scale, nbh), dict(
+        **geo, PAGE=ps, WMODE=wmode, HKV=hkv, G=group, BG=bg, N_SEL=sel_count, SEL=sel_block, WB=WIN_BLOCK,
+        NWP=nwp, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags, **trace, **loop,
+        CB=tiles.dec_cb, DVC=dvc, **launch_pdl, **tiles.launch("dblk"))))
+    launches.append((_dec_out, (bh, ncol), (
+        oc, bml, bacc, wml, wacc, gates, out, sync, tr, posa, t, tc, gates.stride(0), gates.stride(2),
+        gates.stride(3), out.stride(0), out.stride(2), nbh), dict(
+        **geo, HKV=hkv, G=group, BG=bg, NSPL=sel_count, NWP=nwp, NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv,
+        BDV=bdv, DVC=dvc, PDL=pdl, FLAGS=flags, **trace, **launch_pdl, num_warps=tiles.dout_warps)))
+    step = DecodeLaunch(launches, out, idx, sync if flags and counts is not None else None)
+    if _plan:
+        return step
+    step()
     return out, idx
+
+
+class DecodeLaunch:
+    """The four launches of one decode step with every argument bound (`decode_step(_plan=True)`):
+    calling it runs them again on the same buffers, so a caller whose inputs live in fixed buffers
+    (nsa.serving: positions on the device) pays the step's host work once, then only the
+    launches. `out` and `idx` are rewritten by every call."""
+
+    def __init__(self, launches: list, out: Tensor, idx: Tensor, counts: Tensor | None) -> None:
+        self.launches, self.out, self.idx, self.counts = launches, out, idx, counts
+
+    def __call__(self) -> None:
+        try:
+            for kernel, grid, args, kwargs in self.launches:
+                kernel[grid](*args, **kwargs)
+        except BaseException:
+            if self.counts is not None:
+                self.counts.zero_()   # kernels launched before the failure counted; the next step starts at 0
+            raise
