@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from nsa.backends import triton_nsa
+from nsa.backends.triton_kernels import common
 from nsa.backends.triton_kernels import decode as _dec
 from nsa.backends.triton_kernels import serve as _serve
 from nsa.cache import NSACache
@@ -129,6 +130,8 @@ class PagedCache:
         self._weight: tuple[Tensor, Tensor] | None = None
         self._launch: dict[bool, _dec.DecodeLaunch] = {}
         self._scratch: dict[str, Tensor] = {}
+        self._proj: Tensor | None = None
+        self._prologue_launch: common.BoundLaunch | None = None
         if self.fused:
             half = dk // 2
             inv_freq = c.rope_theta ** (-torch.arange(half, device=dev, dtype=torch.float32) / half)
@@ -347,8 +350,13 @@ class PagedCache:
         decode kernels bound once (decode.py `DecodeLaunch`), the lengths' advance, o_proj."""
         layer, c = self.layer, self.config
         weight, bias = self._fused_weights()
-        proj = torch.nn.functional.linear(x_t.reshape(self.max_seqs, c.dim).to(self.dtype), weight, bias)
-        self._prologue(proj)
+        if self._proj is None or self._proj.shape[1] != weight.shape[0]:
+            self._proj = torch.empty(self.max_seqs, weight.shape[0], device=self.device, dtype=self.dtype)
+            self._prologue_launch = None
+        torch.addmm(bias, x_t.reshape(self.max_seqs, c.dim).to(self.dtype), weight.t(), out=self._proj)
+        if self._prologue_launch is None:
+            self._prologue_launch = self._bind_prologue(self._proj)
+        self._prologue_launch()
         if c.phi != "avg":
             self._emit_compressed(self._pos)
         given = blocks is not None
@@ -376,7 +384,7 @@ class PagedCache:
             page_size=self.page_size, win_layout="pages" if self.shared else "ring",
             idx=self._blocks_in if given else None, _plan=True, scratch=self._scratch)
 
-    def _prologue(self, proj: Tensor) -> None:
+    def _bind_prologue(self, proj: Tensor) -> common.BoundLaunch:
         c, layer = self.config, self.layer
         hq, hkv, dk, dv = c.n_heads, c.n_kv_heads, c.head_dim_qk, c.head_dim_v
         cols, off = {}, hq * dk
@@ -389,13 +397,14 @@ class PagedCache:
         k_win, v_win = (self.k_ring, self.v_ring) if self.shared else (self.k_win, self.v_win)
         avg = c.phi == "avg"
         grid = (self.max_seqs, hq + nrole * 2 * hkv + 1 + (2 * hkv if avg else 0))
-        _serve._serve_prologue[grid](
+        return common.BoundLaunch(_serve._serve_prologue, grid, (
             proj, self.lengths, self._pos, self.page_table, self._cos, self._sin, self._q, self._gates, self.k_pool,
             self.v_pool, k_win, v_win, self.k_ring, self.v_ring, self.k_cmp, self.v_cmp, proj.stride(0),
-            self.page_table.stride(0), HQ=hq, HKV=hkv, DK=dk, DV=dv, BHK=_serve.np2(dk // 2), BHV=_serve.np2(dv // 2),
+            self.page_table.stride(0)), dict(
+            HQ=hq, HKV=hkv, DK=dk, DV=dv, BHK=_serve.np2(dk // 2), BHV=_serve.np2(dv // 2),
             BG=_serve.np2(3 * hq), OK_SEL=sel[0], OV_SEL=sel[1], OK_WIN=win[0], OV_WIN=win[1], OK_CMP=cmp_[0],
             OV_CMP=cmp_[1], OG=off, NROLE=nrole, PAGE=self.page_size, W=c.window, L=c.cmp_block, STRIDE=c.cmp_stride,
-            NC=self.n_cmp, ROPE=c.rope, AVG=avg)
+            NC=self.n_cmp, ROPE=c.rope, AVG=avg))
 
     def _project(self, x_t: Tensor, pos: Tensor) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]], Tensor]:
         """`NSAAttention.project` with each slot at its own position `pos [max_seqs]`."""

@@ -191,7 +191,9 @@ def _stamp(TR, bh, slot: tl.constexpr, MAX: tl.constexpr):
         tl.atomic_min(TR + bh * TRACE_SLOTS + slot, now, sem="relaxed", scope="gpu")
 
 
-@triton.jit
+# Positions and the sizes derived from them change every step: not specialised (each value's
+# divisibility would compile another variant, seconds each, as a step crosses it).
+@triton.jit(do_not_specialize=["t", "tc", "nchs"])
 def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, TR, POS, t, tc, nchs, sqb, sqh, skb, skt, skh, svb, svt, svh, nbh,
              scale, DEVPOS: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr,
              E: tl.constexpr, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
@@ -309,7 +311,9 @@ def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constex
     return m_run, l_run
 
 
-@triton.jit
+# Positions and the sizes derived from them change every step: not specialised (each value's
+# divisibility would compile another variant, seconds each, as a step crosses it).
+@triton.jit(do_not_specialize=["t", "tc", "nchs"])
 def _dec_topn(PML, PSC, PSP, S, IDX, SYNC, TR, POS, t, tc, nchs, sib, sih, nbh,
               NCH_HOST: tl.constexpr, DYN: tl.constexpr, DEVPOS: tl.constexpr, EXT: tl.constexpr,
               E: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, SEL: tl.constexpr,
@@ -462,7 +466,9 @@ def _cmp_merge_role(PML, PACC, OC, bh, col, nch, nchs, NCH_HOST: tl.constexpr, D
     tl.store(OC + (bh * BG + offs_g)[:, None] * BDV + offs_v[None, :], o_cmp)
 
 
-@triton.jit
+# Positions and the sizes derived from them change every step: not specialised (each value's
+# divisibility would compile another variant, seconds each, as a step crosses it).
+@triton.jit(do_not_specialize=["t", "tc", "nchs", "win", "len_sel"])
 def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, CML, CACC, OC, SYNC, TR, POS, t, tc, nchs, PT, spt,
                 win, wcap, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, skwb,
                 skwt, skwh, svwb, svwt, svwh, sib, sih, len_sel, scale, nbh,
@@ -561,7 +567,9 @@ def _merged(m, den, a):
     return tl.sum(w[:, :, None] * a.to(tl.float32), 0) / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
 
 
-@triton.jit
+# Positions and the sizes derived from them change every step: not specialised (each value's
+# divisibility would compile another variant, seconds each, as a step crosses it).
+@triton.jit(do_not_specialize=["t", "tc"])
 def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, POS, t, tc, sgb, sgh, sgc, sob, soh, nbh,
              DEVPOS: tl.constexpr, E: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, NSPL: tl.constexpr, NWP: tl.constexpr,
              NPS: tl.constexpr, NPW: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, DVC: tl.constexpr,
@@ -817,12 +825,13 @@ class DecodeLaunch:
     launches. `out` and `idx` are rewritten by every call."""
 
     def __init__(self, launches: list, out: Tensor, idx: Tensor, counts: Tensor | None) -> None:
-        self.launches, self.out, self.idx, self.counts = launches, out, idx, counts
+        self.launches = [common.BoundLaunch(*launch) for launch in launches]
+        self.out, self.idx, self.counts = out, idx, counts
 
     def __call__(self) -> None:
         try:
-            for kernel, grid, args, kwargs in self.launches:
-                kernel[grid](*args, **kwargs)
+            for launch in self.launches:
+                launch()
         except BaseException:
             if self.counts is not None:
                 self.counts.zero_()   # kernels launched before the failure counted; the next step starts at 0

@@ -70,32 +70,32 @@ def _serve_prologue(P, LEN, POS, PT, COS, SIN, QO, GO, KPOOL, VPOOL, KWIN, VWIN,
             page = tl.load(PT + b * spt + pos // PAGE)
             prow = page.to(tl.int64) * PAGE + pos % PAGE
             if is_v == 0:
-                x1, x2 = _halves(row, OK_SEL + h * DK, COS, SIN, pos, HK, BHK, ROPE)
-                _put(KPOOL + (prow * HKV + h) * DK, x1, x2, HK, BHK)
+                k1, k2 = _halves(row, OK_SEL + h * DK, COS, SIN, pos, HK, BHK, ROPE)
+                _put(KPOOL + (prow * HKV + h) * DK, k1, k2, HK, BHK)
             else:
-                x1, x2 = _halves(row, OV_SEL + h * DV, COS, SIN, pos, HV, BHV, False)
-                _put(VPOOL + (prow * HKV + h) * DV, x1, x2, HV, BHV)
+                v1, v2 = _halves(row, OV_SEL + h * DV, COS, SIN, pos, HV, BHV, False)
+                _put(VPOOL + (prow * HKV + h) * DV, v1, v2, HV, BHV)
         elif role == 1:
             r = (b.to(tl.int64) * L + pos % L) * HKV + h
             if is_v == 0:
-                x1, x2 = _halves(row, OK_CMP + h * DK, COS, SIN, pos, HK, BHK, ROPE)
-                _put(KRING + r * DK, x1, x2, HK, BHK)
+                k1, k2 = _halves(row, OK_CMP + h * DK, COS, SIN, pos, HK, BHK, ROPE)
+                _put(KRING + r * DK, k1, k2, HK, BHK)
             else:
-                x1, x2 = _halves(row, OV_CMP + h * DV, COS, SIN, pos, HV, BHV, False)
-                _put(VRING + r * DV, x1, x2, HV, BHV)
+                v1, v2 = _halves(row, OV_CMP + h * DV, COS, SIN, pos, HV, BHV, False)
+                _put(VRING + r * DV, v1, v2, HV, BHV)
         else:
             r = (b.to(tl.int64) * W + pos % W) * HKV + h
             if is_v == 0:
-                x1, x2 = _halves(row, OK_WIN + h * DK, COS, SIN, pos, HK, BHK, ROPE)
-                _put(KWIN + r * DK, x1, x2, HK, BHK)
+                k1, k2 = _halves(row, OK_WIN + h * DK, COS, SIN, pos, HK, BHK, ROPE)
+                _put(KWIN + r * DK, k1, k2, HK, BHK)
             else:
-                x1, x2 = _halves(row, OV_WIN + h * DV, COS, SIN, pos, HV, BHV, False)
-                _put(VWIN + r * DV, x1, x2, HV, BHV)
+                v1, v2 = _halves(row, OV_WIN + h * DV, COS, SIN, pos, HV, BHV, False)
+                _put(VWIN + r * DV, v1, v2, HV, BHV)
     elif j == HQ + NW:
-        i = tl.arange(0, BG)
-        g = tl.load(row + OG + i, mask=i < HQ * 3, other=0.0).to(tl.float32)
-        tl.store(GO + b.to(tl.int64) * HQ * 3 + i, (1.0 / (1.0 + tl.exp(-g))).to(GO.dtype.element_ty),
-                 mask=i < HQ * 3)
+        ig = tl.arange(0, BG)
+        g = tl.load(row + OG + ig, mask=ig < HQ * 3, other=0.0).to(tl.float32)
+        tl.store(GO + b.to(tl.int64) * HQ * 3 + ig, (1.0 / (1.0 + tl.exp(-g))).to(GO.dtype.element_ty),
+                 mask=ig < HQ * 3)
         tl.store(POS + b, pos)
     elif AVG:
         w = j - HQ - NW - 1
@@ -117,15 +117,15 @@ def _serve_prologue(P, LEN, POS, PT, COS, SIN, QO, GO, KPOOL, VPOOL, KWIN, VWIN,
                     a2 += tl.load(src + HK + i, mask=i < HK, other=0.0).to(tl.float32)
                 _put(KCMP + ((b.to(tl.int64) * NC + n) * HKV + h) * DK, a1 / L, a2 / L, HK, BHK)
             else:
-                a1, a2 = _halves(row, OV_CMP + h * DV, COS, SIN, pos, HV, BHV, False)
-                a1 = a1.to(VRING.dtype.element_ty).to(tl.float32)
-                a2 = a2.to(VRING.dtype.element_ty).to(tl.float32)
-                i = tl.arange(0, BHV)
+                u1, u2 = _halves(row, OV_CMP + h * DV, COS, SIN, pos, HV, BHV, False)
+                u1 = u1.to(VRING.dtype.element_ty).to(tl.float32)
+                u2 = u2.to(VRING.dtype.element_ty).to(tl.float32)
+                iv = tl.arange(0, BHV)
                 for back in range(1, L):
-                    src = VRING + ((b.to(tl.int64) * L + (pos - back) % L) * HKV + h) * DV
-                    a1 += tl.load(src + i, mask=i < HV, other=0.0).to(tl.float32)
-                    a2 += tl.load(src + HV + i, mask=i < HV, other=0.0).to(tl.float32)
-                _put(VCMP + ((b.to(tl.int64) * NC + n) * HKV + h) * DV, a1 / L, a2 / L, HV, BHV)
+                    vsrc = VRING + ((b.to(tl.int64) * L + (pos - back) % L) * HKV + h) * DV
+                    u1 += tl.load(vsrc + iv, mask=iv < HV, other=0.0).to(tl.float32)
+                    u2 += tl.load(vsrc + HV + iv, mask=iv < HV, other=0.0).to(tl.float32)
+                _put(VCMP + ((b.to(tl.int64) * NC + n) * HKV + h) * DV, u1 / L, u2 / L, HV, BHV)
 
 
 def np2(x: int) -> int:
