@@ -152,7 +152,7 @@ def test_pr_is_a_registered_subcommand() -> None:
     assert args.dry_run and args.base is None
 
 
-@pytest.mark.parametrize("kind", ["symlink", "symlinked report", "fifo", "folder"])
+@pytest.mark.parametrize("kind", ["symlink", "symlinked report", "hard link", "hard-linked report", "fifo", "folder"])
 def test_load_report_refuses_anything_but_regular_files(tmp_path: Path, kind: str) -> None:
     """Issue 34, item 6: a link in the report folder to /proc/self/environ (the token) was committed
     to the thresholds branch as a PNG. Every file published must be a regular file of the folder itself."""
@@ -164,15 +164,21 @@ def test_load_report_refuses_anything_but_regular_files(tmp_path: Path, kind: st
     if kind == "symlinked report":
         (report / "report.md").symlink_to(secret)
         bad = report / "report.md"
+    elif kind == "hard-linked report":  # a second name of the secret file: a regular file, but not the folder's own
+        os.link(secret, report / "report.md")
+        bad = report / "report.md"
     else:
         (report / "report.md").write_text("# r\n")
         bad = report / "speedup_win.png"
-        {"symlink": lambda: bad.symlink_to(secret), "fifo": lambda: os.mkfifo(bad), "folder": bad.mkdir}[kind]()
+        {"symlink": lambda: bad.symlink_to(secret), "hard link": lambda: os.link(secret, bad),
+         "fifo": lambda: os.mkfifo(bad), "folder": bad.mkdir}[kind]()
     with pytest.raises(PlanError) as err:
         load_report(report, "sm90")
     text = str(err.value)
     assert "\n" not in text and str(bad) in text and "regular files" in text and "rerun `python -m ci report`" in text
     assert "ghs_secret" not in text
+    if kind.startswith("hard"):
+        assert "a hard link (one of 2 names of one file)" in text
 
 
 # --- `ci pr` re-checks the decision: no failed cell, values the rule can produce, the history verdict

@@ -326,7 +326,8 @@ def test_previous_given_an_old_decision_file_names_it(tmp_path: Path) -> None:
     assert rc == 2 and not (tmp_path / "out").exists()
 
 
-def test_a_symlinked_trend_chart_is_not_copied_into_the_report(tmp_path: Path) -> None:
+@pytest.mark.parametrize("link", ["symlink", "hard link"])
+def test_a_linked_trend_chart_is_not_copied_into_the_report(tmp_path: Path, link: str) -> None:
     """Issue 34, item 6: the report copies the trend PNGs beside report.md, which `ci pr` publishes; a
     link there would turn whatever it points at into a regular file the publisher accepts."""
     path = decide.write_decision(golden_decision(), tmp_path / "decision.json")
@@ -334,10 +335,11 @@ def test_a_symlinked_trend_chart_is_not_copied_into_the_report(tmp_path: Path) -
     trends.mkdir()
     secret = tmp_path / "environ"
     secret.write_bytes(b"GITHUB_TOKEN=ghs_secret\0")
-    (trends / "trend_prefill_T16384.png").symlink_to(secret)
+    png = trends / "trend_prefill_T16384.png"
+    png.symlink_to(secret) if link == "symlink" else os.link(secret, png)
     with pytest.raises(report.ReportError) as err:
         report.write_report(path, tmp_path / "report", trends_dir=trends)
-    assert "trend_prefill_T16384.png" in str(err.value) and "symlink" in str(err.value)
+    assert "trend_prefill_T16384.png" in str(err.value) and link in str(err.value)
     assert "\n" not in str(err.value) and not (tmp_path / "report").exists()
 
 
