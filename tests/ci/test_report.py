@@ -343,6 +343,18 @@ def test_a_linked_trend_chart_is_not_copied_into_the_report(tmp_path: Path, link
     assert "\n" not in str(err.value) and not (tmp_path / "report").exists()
 
 
+def test_committed_reports_say_which_changes_were_held_back() -> None:
+    """Issue 34, item 11: a replayed H100 report said "held: **no**" on the change that was held back.
+    The committed reports with a history section are rendered by today's template (results/README.md
+    names the command), which says "held back" or "lasted K runs: changed"."""
+    reports = [p for p in (GOLDEN.parents[2] / "results").rglob("report.md") if "K-run rule:" in p.read_text()]
+    assert len(reports) >= 5
+    for path in reports:
+        text = path.read_text(encoding="utf-8")
+        assert "| key | class | measured | held |" not in text and "| **no** |" not in text, path
+        assert "| key | class | measured | K-run rule |" in text, path
+
+
 # --- the staging folder: validated before drawing, nothing left on failure, replaced whole --------
 
 def _decision_file(tmp_path: Path, pristine_config: Path) -> Path:
