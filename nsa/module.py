@@ -485,7 +485,8 @@ def _selected_decode(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, t: int, sel_b
 def _check_input(x: Tensor, c: NSAConfig) -> None:
     if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != c.dim:
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"x must be [B, T, dim={c.dim}], got {shape}")
+        raise ValueError(f"x must be [B, T, dim={c.dim}], got {shape}; pass the hidden states of this layer's "
+                         "width, one row per sequence")
     if x.shape[0] < 1 or x.shape[1] < 1:
         raise ValueError(f"x must hold at least one sequence of at least one token, got [B, T, dim] = "
                          f"{tuple(x.shape)}; skip empty batches and prompts before the layer")
@@ -493,4 +494,5 @@ def _check_input(x: Tensor, c: NSAConfig) -> None:
 
 def _check_branches(branches: Sequence[str]) -> None:
     if isinstance(branches, str) or any(b not in BRANCHES for b in branches):
-        raise ValueError(f"branches must be a sequence of names among {BRANCHES}, got {branches!r}")
+        raise ValueError(f"branches must be a sequence of names among {BRANCHES}, got {branches!r}; pass a tuple "
+                         "such as ('cmp', 'sel', 'win') (all three, the default) or ('win',)")
