@@ -395,7 +395,9 @@ def decode_unsupported_reason(q: Tensor, *, t: int, dv: int, block: int, stride:
 
 def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: Tensor, v_sel: Tensor, k_win: Tensor,
                 v_win: Tensor, *, t: int, block: int, stride: int, sel_block: int, sel_count: int, window: int,
-                scale: float, tiles: Tiles | None = None, counts: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                scale: float, tiles: Tiles | None = None, counts: Tensor | None = None, pos: Tensor | None = None,
+                page_table: Tensor | None = None, page_size: int = 0, win_layout: str | None = None,
+                idx: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One decode step of the whole layer: `g_cmp * o_cmp + g_sel * o_sel + g_win * o_win`
     `[B, 1, Hq, dv]` for the query `q [B, 1, Hq, dk]` at position `t`, and its selected blocks
     `[B, 1, Hkv, sel_count]` (int32, ascending, -1 padded), in four launches (decode.py).
@@ -405,33 +407,49 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     [B, nw, Hkv, *]` holding positions `t+1-nw .. t` (`1 <= nw <= window`); gates `[B, 1, Hq, 3]`.
     `counts`: the step's per-group counts from `decode_counts` (zero, and left zero by the step),
     kept by the caller across steps so that no step zeroes them; None: a fresh buffer per step.
+
+    Serving (nsa.serving): `pos` (int32 `[B]` on the device) puts each sequence's query at its own
+    position, `t` then bounds them all (the launch shapes depend on t alone, so a CUDA graph of the
+    step replays at any positions up to it); the window is then a ring (`win_layout="ring"`,
+    `[B, W >= window, Hkv, *]`, position p at row p % W) or the raw cache's pages (`"pages"`).
+    `page_table` (int32 `[B, pages]`) and `page_size` (a multiple of `sel_block`): `k_sel/v_sel`
+    are a page pool `[n_pages, page_size, Hkv, *]`. `idx`: the selected blocks, given (an
+    external indexer's; no top-n runs). decode.py's `decode_step` says more.
     """
     _require()
     tiles = _tiles(q, tiles)
+    serving = pos is not None
+    win_layout = win_layout or ("ring" if serving else "tail")
     why = decode_unsupported_reason(q, t=t, dv=v_sel.shape[-1] if v_sel.dim() == 4 else -1, block=block,
                                     stride=stride, sel_block=sel_block, tiles=tiles)
     if why is not None:
         raise ValueError(f"decode_step cannot run this step: {why}; use the separate ops (NSAAttention does)")
-    _check_qkv(q, k_sel, v_sel, "q, k_sel, v_sel")
     _check_qkv(q, k_cmp, v_cmp, "q, k_cmp, v_cmp")
-    _check_qkv(q, k_win, v_win, "q, k_win, v_win")
+    if page_table is None:
+        _check_qkv(q, k_sel, v_sel, "q, k_sel, v_sel")
+    if win_layout != "pages":
+        _check_qkv(q, k_win, v_win, "q, k_win, v_win")
     if not (k_sel.shape[2] == k_cmp.shape[2] == k_win.shape[2]) or not (
             v_sel.shape[-1] == v_cmp.shape[-1] == v_win.shape[-1]):
         raise ValueError(f"the three caches must share Hkv and dv, got k_sel {list(k_sel.shape)}, k_cmp "
                          f"{list(k_cmp.shape)}, k_win {list(k_win.shape)}, v dims {v_sel.shape[-1]}/"
                          f"{v_cmp.shape[-1]}/{v_win.shape[-1]}")
-    if t < 0 or k_sel.shape[1] < t + 1:
-        raise ValueError(f"k_sel/v_sel must hold positions 0 .. t = {t}, got {k_sel.shape[1]} tokens")
-    if window < 1 or not 1 <= k_win.shape[1] <= min(window, t + 1):
-        raise ValueError(f"the window cache must hold the last 1 .. min(window={window}, t+1) tokens, got "
-                         f"{k_win.shape[1]}")
+    if not serving:
+        if t < 0 or k_sel.shape[1] < t + 1:
+            raise ValueError(f"k_sel/v_sel must hold positions 0 .. t = {t}, got {k_sel.shape[1]} tokens")
+        if window < 1 or not 1 <= k_win.shape[1] <= min(window, t + 1):
+            raise ValueError(f"the window cache must hold the last 1 .. min(window={window}, t+1) tokens, got "
+                             f"{k_win.shape[1]}")
+    elif t < 0 or window < 1:
+        raise ValueError(f"t (the bound on every position) must be >= 0 and window >= 1, got {t}, {window}")
     if tuple(gates.shape) != (*q.shape[:3], 3):
         raise ValueError(f"gates must be [B, 1, Hq, 3], got {list(gates.shape)}")
     if block < 1 or stride < 1 or sel_count < 1:
         raise ValueError(f"block, stride and sel_count must be >= 1, got {block}, {stride}, {sel_count}")
     return _dec.decode_step(q, gates, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, t=t, block=block, stride=stride,
                             sel_block=sel_block, sel_count=sel_count, window=window, scale=scale, tiles=tiles,
-                            counts=counts)
+                            counts=counts, pos=pos, page_table=page_table, page_size=page_size,
+                            win_layout=win_layout, idx=idx)
 
 
 def decode_counts(groups: int, device: torch.device | str) -> Tensor:
