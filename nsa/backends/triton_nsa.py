@@ -16,9 +16,9 @@ scores, top-n, sliding).
     decode_step(q, gates, caches..., t=...)             a whole decode step (all branches, gated), 4 launches
     decode_counts(groups, device)                       the per-group counts a cache keeps for decode_step
 
-Launch parameters: a frozen `Tiles` per GPU profile (`tiles(profile)`, `profile_for(device)`:
-`sm90` for an H100, `cpu` under the interpreter). Every function above that launches kernels
-takes `tiles=` (None: `use_tiles(...)`'s override if one is active, else the device's profile).
+Launch parameters: the frozen `Tiles` of the device's GPU profile (nsa/profiles/: `sm90` for an
+H100, `cpu` under the interpreter; `tiles(name)` by name). Every function above that launches
+kernels takes `tiles=` (None: `use_tiles(...)`'s override if one is active, else the profile's).
 
 A call that needs gradients (`AttnCall.grad`) runs the training kernels instead
 (`triton_kernels/train.py` through the custom ops of `triton_kernels/autograd.py`): the forward
@@ -40,15 +40,7 @@ import torch
 from torch import Tensor
 
 from nsa.backends import OPS, AttnCall, caps
-from nsa.backends.triton_kernels.tiles import (
-    PROFILES,
-    Tiles,
-    current,
-    interpreting,
-    profile_for,
-    tiles,
-    use_tiles,
-)
+from nsa.backends.triton_kernels.tiles import Tiles, current, interpreting, tiles, use_tiles
 
 try:
     import triton
@@ -64,8 +56,8 @@ if triton is not None:
     from nsa.backends.triton_kernels import sliding as _win
     from nsa.backends.triton_kernels import topn as _topn
 
-__all__ = ["PROFILES", "Tiles", "beside", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_counts", "decode_step",
-           "decode_unsupported_reason", "distinct_blocks", "kernels_interpreted", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
+__all__ = ["Tiles", "beside", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_counts", "decode_step",
+           "decode_unsupported_reason", "distinct_blocks", "kernels_interpreted", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
            "unsupported_reason", "use_tiles"]
 
 CAPABILITIES = caps(backward=OPS, fusions=("scores", "train_scores", "gated", "beside", "decode_step"))

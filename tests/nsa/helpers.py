@@ -6,6 +6,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+# The device of the tests that run on a GPU or else under Triton's interpreter: "cuda" where torch
+# sees a GPU. Set by tests/conftest.py's pytest_configure hook, before any test module is imported,
+# so that no module probes CUDA at import; outside pytest it stays "cpu".
+DEV = "cpu"
+
 
 def rand(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Tensor:
     return torch.randn(*shape, dtype=torch.float32, device=device).to(dtype)

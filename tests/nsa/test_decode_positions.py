@@ -9,9 +9,8 @@ import torch
 
 from nsa import reference
 from nsa.backends import triton_nsa
-from tests.nsa.helpers import rand, rel_err
+from tests.nsa.helpers import DEV, rand, rel_err
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
     triton_nsa.unavailable_reason(DEV) is not None,
     reason=f"triton backend unavailable: {triton_nsa.unavailable_reason(DEV)} (CPU: TRITON_INTERPRET=1)")

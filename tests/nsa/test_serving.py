@@ -10,9 +10,8 @@ import torch
 from nsa import NSAAttention, NSAConfig, reference
 from nsa.backends import triton_nsa
 from nsa.serving import PagedCache, export_blocks, import_blocks
-from tests.nsa.helpers import rel_err
+from tests.nsa.helpers import DEV, rel_err
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
     triton_nsa.unavailable_reason(DEV) is not None,
     reason=f"triton backend unavailable: {triton_nsa.unavailable_reason(DEV)} (CPU: TRITON_INTERPRET=1)")

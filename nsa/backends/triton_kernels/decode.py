@@ -624,11 +624,10 @@ def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, POS, t, tc, sgb, sgh, 
 
 
 def pdl_ok(device: torch.device) -> bool:
-    """Programmatic dependent launch can run here: a CUDA device of sm90 or later, Triton with its
-    intrinsics, and no interpreter (which has no grid-dependency control)."""
-    dev = torch.device(device)
-    return (gdc_wait is not None and dev.type == "cuda" and not interpreting()
-            and torch.cuda.get_device_capability(dev) >= (9, 0))
+    """Programmatic dependent launch can run here: the kernels' GPU profile has the `pdl` feature
+    (sm90 or later, Triton with its intrinsics; never the interpreter's `cpu` profile)."""
+    from nsa.profiles import kernel_profile
+    return kernel_profile(device).features.pdl
 
 
 def _geometry(block: int, stride: int, sel_block: int, chunk: int) -> tuple[int, int] | str:
