@@ -45,7 +45,7 @@ def test_smoke_cells_run_on_cpu_and_record_what_ran():
     for mode, case in by.items():
         assert case["status"] == "ok", case["reason"]
         assert case["backend"] == "sdpa" and case["plans"] == ["cmp=sdpa sel=sdpa win=sdpa scores=torch"]
-        assert case["id"].startswith("serving/nsa_prefill/sdpa/") and f"mode{mode}" in case["id"]
+        assert case["id"].startswith("serve_prefill/nsa_prefill/sdpa/") and f"mode{mode}" in case["id"]
     assert by["packed"]["lengths"] == by["separate"]["lengths"] == serving.lengths(200, 8)
     # The same layer on the same tokens (bf16): the two sides differ by rounding only.
     assert 0 <= by["packed"]["max_abs_diff_vs_baseline"] < 0.05
