@@ -248,10 +248,12 @@ def _separate_step(triton_nsa, q, gates, kc, vc, k, v, kw, vw, s0):
 
 def _tile_changes(pairs: list[str], base) -> dict:
     """`--tile NAME=VALUE` pairs -> Tiles field changes, typed like the field's current value."""
+    from nsa.profiles.tiles import FIELDS
+
     out = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
-        if not sep or not hasattr(base, name):
+        if not sep or name not in FIELDS:
             raise SystemExit(f"--tile takes NAME=VALUE with NAME a Tiles field, got {pair!r}")
         cur = getattr(base, name)
         if isinstance(cur, bool):

@@ -19,6 +19,10 @@ DEFAULT: tuple[str, ...] = (*sorted(keys.suites()), CALIBRATION)
 # layout, decode steps and training steps. A CPU smoke run keeps to DEFAULT.
 GPU: tuple[str, ...] = (AUTO, "fast", "decode", "train")
 NIGHTLY: tuple[str, ...] = (*DEFAULT, *GPU)
+# Every other suite bench has runs only when named (or with `all`): masked, prefill, and the serving
+# suites serve (paged-cache decode) and serve_prefill (packed and chunked prefill), which decide no
+# key and are not in the nightly sweep.
+
 # Names `--suites` takes for a whole list (bench also takes `all`: every suite it has).
 SETS: dict[str, tuple[str, ...]] = {"default": DEFAULT, "nightly": NIGHTLY}
 

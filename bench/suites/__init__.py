@@ -15,7 +15,10 @@ from types import ModuleType
 from bench.cases import Cell, expand
 from nsa_contract import suites as lists
 
-SUITES = ("fa2", "triton", "masked", "decode", "prefill", "calibration", "fast", "auto", "train")
+# Every suite bench has (`all`). Which of them a sweep runs by default is nsa_contract.suites: serve and
+# serve_prefill (the paged-cache serving loop, chunked prefill) are in neither list; name them.
+SUITES = ("fa2", "triton", "masked", "decode", "prefill", "calibration", "fast", "auto", "train", "serve",
+          "serve_prefill")
 
 
 def load(name: str) -> ModuleType:

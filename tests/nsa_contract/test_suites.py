@@ -15,6 +15,12 @@ def test_the_lists_name_suites_that_bench_has() -> None:
         assert len(set(names)) == len(names), name
 
 
+def test_the_serving_suites_run_only_when_named() -> None:
+    for name in ("serve", "serve_prefill"):
+        assert name in bench_suites.SUITES and bench_suites.parse(name) == [name]
+        assert all(name not in names for names in suites.SETS.values()), name
+
+
 def test_every_key_is_decided_by_a_default_sweep() -> None:
     assert {k.suite for k in keys.KEYS} | {suites.CALIBRATION} == set(suites.DEFAULT)
 
