@@ -29,15 +29,49 @@ def test_pipeline_doc_states_the_size_of_the_committed_history_records():
     assert 0.9 * min(sizes) <= per_nightly <= 1.1 * max(sizes)
 
 
-def test_perf_notes_cite_only_files_of_the_repository():
-    """docs/perf-notes.md cited a file outside the repository (KINDS.md of the machine lender);
-    every file it names must be one the repository tracks (globs and `...` patterns aside)."""
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    text = (ROOT / "docs" / "perf-notes.md").read_text()
+PERFORMANCE_DOCS = ("docs/performance.md", "docs/notes/*.md")
+
+
+def _tracked() -> list[str]:
+    return subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_performance_docs_cite_only_files_of_the_repository():
+    """The performance notes cited a file outside the repository (KINDS.md of the machine lender);
+    every file docs/performance.md and the notebook in docs/notes/ name must be one the repository
+    tracks (globs and `...` patterns aside)."""
+    tracked = _tracked()
     missing = {}
-    for m in re.finditer(r"(?<![\w*.-])((?:\.\./|/)?\w[\w./-]*\.(?:md|py|json\.gz|json|log|csv|txt|yaml|sh))\b", text):
-        name = m[1]
-        outside = name.startswith(("../", "/"))
-        if outside or ("..." not in name and not any(f == name or f.endswith("/" + name) for f in tracked)):
-            missing.setdefault(name, text[:m.start()].count("\n") + 1)
-    assert not missing, f"files cited by docs/perf-notes.md that the repository does not hold: {missing}"
+    docs = sorted(p for pattern in PERFORMANCE_DOCS for p in ROOT.glob(pattern))
+    assert len(docs) > 10, "docs/performance.md and the notebook docs/notes/*.md must exist"
+    for doc in docs:
+        text = doc.read_text()
+        for m in re.finditer(r"(?<![\w*.-])((?:\.\./|/)?\w[\w./-]*\.(?:md|py|json\.gz|json|log|csv|txt|yaml|sh))\b", text):
+            name = m[1]
+            outside = name.startswith("/") or (name.startswith("../") and not (doc.parent / name).resolve().is_relative_to(ROOT))
+            name = name.removeprefix("../").removeprefix("../")
+            if outside or ("..." not in name and not any(f == name or f.endswith("/" + name) for f in tracked)):
+                missing.setdefault(f"{doc.relative_to(ROOT)}: {name}", text[:m.start()].count("\n") + 1)
+    assert not missing, f"files cited by the performance docs that the repository does not hold: {missing}"
+
+
+def test_results_folders_cited_in_code_and_docs_exist():
+    """Code comments and docs cite the results folder behind a number (never a notebook item): each
+    `results/...` path they name must be a tracked file or folder (globs and `{a,b}` patterns aside)."""
+    tracked = _tracked()
+    folders = {str(Path(f).parent) + "/" for f in tracked} | {"results/"}
+    for f in list(folders):
+        parts = f.rstrip("/").split("/")
+        folders |= {"/".join(parts[:i]) + "/" for i in range(1, len(parts))}
+    sources = [f for f in tracked if f.endswith((".py", ".md", ".yml", ".yaml", ".sh"))
+               and not f.startswith("results/") and (ROOT / f).exists()]
+    missing = {}
+    for rel in sources:
+        text = (ROOT / rel).read_text(encoding="utf-8", errors="replace")
+        for m in re.finditer(r"(?<![\w/.-])results/[\w./*{},-]*[\w/*}]", text):
+            name = m[0]
+            if any(c in name for c in "*{") or name == "results/x.json":
+                continue
+            if name not in tracked and (name if name.endswith("/") else name + "/") not in folders:
+                missing.setdefault(rel, []).append(name)
+    assert not missing, f"results paths cited that the repository does not hold: {missing}"

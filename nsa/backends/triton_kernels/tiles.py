@@ -42,7 +42,7 @@ class Tiles:
                                   # work grows with) at least this; smaller ones are bound by the host, where FA-3's call
                                   # costs more than it saves (H100, auto, both wheels -> own kernels: 64/4 heads 1k 1.94
                                   # -> 1.18 ms, 4k 2.15 -> 1.52; 32/8 8k 3.62 -> 2.71; 16/16 8k 2.48 -> 1.95; at 2**32,
-                                  # 64/4 8k and 16/16 16k, the wheels 1-3% faster; docs/perf-notes.md item 49)
+                                  # 64/4 8k and 16/16 16k, the wheels 1-3% faster; results/h100/wheel-floors/)
     lse_rows: int = 128           # one-pass kernel: (query, head) rows per program
     lse_bc: int = 32              # one-pass kernel: compressed keys per tile
     lse_warps: int = 8
@@ -52,10 +52,10 @@ class Tiles:
     scr_warps: int = 4
     scr_stages: int | None = 2
     scr_gather: bool = True       # scores kernel: the block map's one-column shift by tl.gather, not an fp32 dot
-                                  # (H100, 16/16 heads at 64k: the kernel 3.49 -> 2.85 ms; docs/perf-notes.md item 45)
+                                  # (H100, 16/16 heads at 64k: the kernel 3.49 -> 2.85 ms; results/h100/scores-qt/)
     scr_qt: int = 16              # scores kernel: query tiles per program, one key-tile load for all (H100, 64k:
                                   # the kernel 4.46 -> 3.49 ms at 16/16 heads; forward 16/16 20.7 -> 19.6 ms, 32/8
-                                  # 25.2 -> 24.5; 64/4 within +-1%; docs/perf-notes.md item 45)
+                                  # 25.2 -> 24.5; 64/4 within +-1%; results/h100/scores-qt/)
     sel_warps: int = 2
     sel_stages: int | None = 2
     split_tiles: int = 8          # decode: compressed tiles per chunk of the split kernel
@@ -63,7 +63,7 @@ class Tiles:
     split_stages: int | None = None
     selb_max_group: int = 8       # prefill selection block-centric (selection_blocks.py) for groups <= this; 0: never
                                   # (H100, 64/8 heads: 16k 10.48 -> 7.95 ms, 64k 57.4 -> 45.0; 64/4 slower: 39.1 ->
-                                  # 43.7 at 64k; docs/perf-notes.md item 44)
+                                  # 43.7 at 64k; results/h100/selb-forced/)
     selb_min_rows: int = 32768    # ... and at least this many (query, KV head) rows; fewer are bound by the host, where
                                   # the inversion's torch ops cost more than the gathers they save (H100, steady ms,
                                   # block-centric / group-centric: 32/8 heads 1k 2.22 / 0.98, 2k 2.36 / 1.19, 4k 2.29 /
@@ -72,7 +72,7 @@ class Tiles:
                                   # run in chunks of queries under it (0: no cap). 16 GiB: 32/8 and 16/16 heads whole
                                   # to 64k, 64/8 in 2 chunks at 64k (45.0 ms; 4 GiB chunks: 45.6)
     selb_sort16: bool = True      # block-centric: the inversion sorts int16 list ids when they fit (< 2**15 lists):
-                                  # half the radix passes (H100, 16/16 heads at 64k: 0.67 -> 0.32 ms; perf-notes item 47)
+                                  # half the radix passes (H100, 16/16 heads at 64k: 0.67 -> 0.32 ms; results/h100/sort16/)
     selb_rows: int = 128          # block-centric kernel: (entry, head) rows per program
     selb_warps: int = 4
     selb_stages: int | None = 2   # (the loop over steps below pipelines the gathers; 3 stages measured 1.6x slower)
@@ -82,7 +82,7 @@ class Tiles:
                                   # previous) attended by query tiles in their own kernel, outside the lists
                                   # (selection_blocks.py); 0: never. H100 at 64k: 32/8 heads 24.1 -> 23.6 ms, 32/16
                                   # 32.5 -> 31.7, 48/16 50.5 -> 49.3; 16/16 even at 64k, slower at 16k
-                                  # (docs/perf-notes.md items 43-44, results/h100/selb-forced/)
+                                  # (results/h100/selb-forced/)
     selb_forced_rows: int = 64    # ... (query, head) rows per forced-block program (queries <= sel_block; 64 measured
                                   # faster than 32, 128 and 256 at 32/8)
     selb_forced_warps: int = 4
@@ -99,7 +99,7 @@ class Tiles:
     topn_filter_min: int = 128    # prefill "filter": only rows of at least this many blocks (narrower: the rounds). At
                                   # 64 blocks the filter has 16 chunks, so its threshold is the least chunk maximum and
                                   # 46% of those rows passed the cap anyway; the rounds alone were 17% faster there
-                                  # (ncu, H100: 45.1 -> 37.2 us at 16/16 heads, 16k; docs/perf-notes.md item 48)
+                                  # (ncu, H100: 45.1 -> 37.2 us at 16/16 heads, 16k; results/h100/topn-lanes/)
     topn_nchunk: int = 256        # "filter": chunk maxima per row (chunks of max(4, blocks / this) blocks)
     topn_lane_chunks: int = 32    # prefill "filter": this many strided chunks (a chunk's maximum within each lane) and the
                                   # survivors compacted in lane order (topn._select_row, LANES); 0: contiguous chunks
@@ -107,13 +107,13 @@ class Tiles:
     topn_maxnreg: int = 128       # prefill top-n: registers per thread at most (ptxas maxnreg; 0: the compiler's
                                   # choice, 239 on the H100 for 1024-block rows in lane form with 64 chunks: 8 warps
                                   # per SM). H100, 16/16 heads at 64k: top-n 4.38 -> 3.80 ms with 32 lane chunks and
-                                  # this cap; forward 18.08 -> 17.33 (docs/perf-notes.md item 48)
+                                  # this cap; forward 18.08 -> 17.33 (results/h100/topn-lanes/)
     topn_sort64: bool = False     # prefill "filter": the exact rule over the compacted blocks by int64 keys and one
                                   # sort (topn.py); off: slower on the spill rows (64k: 2.11 against 1.85 ms at 64/4)
     topn_rank: bool = True        # prefill "filter": the exact rule over the compacted blocks by all-pairs ranks of
                                   # int64 keys (topn._top_by_rank) instead of n arg-max rounds (H100, 64k, top-n with
                                   # topn_cap 32: 16/16 heads 4.78 -> 4.39 ms, 32/8 2.38 -> 2.15, 64/4 1.18 -> 1.09;
-                                  # docs/perf-notes.md item 46)
+                                  # results/h100/topn-rank/)
     topn_ctas: int = 256          # prefill top-n: programs per SM, each walking rows (its scratch: topn_cap ints)
     win_rows: int = 64            # sliding: (query, head) rows per program
     win_bn: int = 32              # sliding: keys per tile
@@ -125,7 +125,7 @@ class Tiles:
                                   # slower (results/h100/win-beside/)
     win_beside_min_rows: int = 4096  # ... and from this many (fewer: host-bound, where the streams' waits and events
                                   # cost more than the overlap gives: 1k-2k 0.1-0.4 ms slower, 4k 0.14 ms faster at
-                                  # 64/4; results/h100/wheel-floors/beside.json, docs/perf-notes.md item 49)
+                                  # 64/4; results/h100/wheel-floors/beside.json)
     win_fa4: bool = True          # prefill: the window by FlashAttention-4 where installed, sm90 only (fa4_win.py;
                                   # the window at 64/4, 64k 3.53 -> 2.71 ms, dk 192 5.11 -> 3.01; results/h100/fa4-win/)
     win_fa4_min_work: int = 2**32  # ... for prefills with B * Hq * T**2 at least this (as cmp_fa3_min_work)
@@ -227,7 +227,7 @@ HOST_FLOORS = ("selb_min_rows", "win_beside_min_rows")
 # sm90: what bench/triton_tiles.py measured best on the H100 (cmp/sel tiles, warps, stages, the
 # decode split and step, the top-n algorithm and grid; results/h100/). `lse_*` and `win_*`: the one
 # setting that beat the earlier one at every swept shape (8k/16k/64k at 64/4 heads, 64k at 16/16
-# and 32/8; results/h100/topn-lse/), not each shape's best (128/128/8 lse tiles win at 64k, 64/4,
+# and 32/8; results/h100/topn-lse-pdl/), not each shape's best (128/128/8 lse tiles win at 64k, 64/4,
 # and lose at 8k); the selection split knobs were set by reasoning. default: the same values,
 # unswept elsewhere. cpu: Triton's interpreter is slow per element, so the smallest tiles tl.dot
 # takes keep CPU tests quick.
