@@ -75,3 +75,15 @@ def test_results_folders_cited_in_code_and_docs_exist():
             if name not in tracked and (name if name.endswith("/") else name + "/") not in folders:
                 missing.setdefault(rel, []).append(name)
     assert not missing, f"results paths cited that the repository does not hold: {missing}"
+
+
+def test_the_readme_library_example_runs():
+    """The README's ten-line example (prefill, a decode step, a training step) runs as printed, on CPU."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"<!-- library example -->\n```python\n(.*?)```", text, re.S)
+    assert m, "README.md must hold the library example after `<!-- library example -->`"
+    assert len(m[1].strip().splitlines()) <= 12, "the README's example is meant to stay about ten lines"
+    scope: dict = {}
+    exec(compile(m[1], "README.md example", "exec"), scope)
+    assert scope["y"].shape == scope["x"].shape and scope["y_t"].shape == (2, 1, scope["cfg"].dim)
+    assert all(p.grad is not None for p in scope["attn"].parameters() if p.requires_grad)
