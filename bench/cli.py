@@ -33,6 +33,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_FAILED_CASES = 0, 1, 2, 3
 # Tools beside the suites: each a module with its own `main(argv) -> int` and --help.
 TOOLS = {
     "readme-table": ("bench.readme_table", "regenerate the README's results table from a results file"),
+    "forward-ab": ("bench.forward_ab", "time the whole NSA forward under several Tiles variants, interleaved (CUDA)"),
 }
 
 

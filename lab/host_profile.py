@@ -13,7 +13,7 @@ then, for the first variant and unless `--no-profile`, a cProfile of the enqueue
 and cumulative time).
 Same inputs as `forward_ab.py` (bf16, seed 0, paper block sizes, one K/V per branch).
 
-    PYTHONPATH=$PWD OUT=<dir> python3 bench/experiments/host_profile.py NAME [T/HQ/HKV ...] \
+    PYTHONPATH=$PWD OUT=<dir> python3 lab/host_profile.py NAME [T/HQ/HKV ...] \
         [--variant LABEL:FIELD=VALUE,...] [--no-profile]
 
 Writes `$OUT/NAME.json` (medians, ms) and `$OUT/NAME-T-HQ-HKV.prof.txt` (the two cProfile tables).
@@ -29,10 +29,10 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 
-from bench.experiments.forward_ab import variants as tile_variants
+from bench.forward_ab import variants as tile_variants
 from ci import atomic
 from nsa import GraphedAttend, NSAAttention, NSAConfig
 from nsa.backends import triton_nsa

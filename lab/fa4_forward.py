@@ -14,7 +14,7 @@ round differently; the same kernels give 0). Cells: 64/4 at 8k..128k, 32/8 and 1
 64k, 64/4 with the paper's dk 192 / dv 128 at 16k and 64k; bf16, the paper's block sizes,
 random inputs (seed 0).
 
-    PYTHONPATH=$PWD OUT=<dir> [REP_MS=400] python3 bench/experiments/fa4_forward.py [T/HQ/HKV[/DK] ...]
+    PYTHONPATH=$PWD OUT=<dir> [REP_MS=400] python3 lab/fa4_forward.py [T/HQ/HKV[/DK] ...]
 
 writes `$OUT/fa4-forward.json`.
 """
@@ -24,7 +24,7 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 
 from bench.machine import dist_version

@@ -14,7 +14,7 @@ What it measures, for T = 8192 and 65536 (64 query heads, 4 KV heads, head dim 1
 
 Needs a CUDA GPU (it was run on an H100 in this project). Rerun from the repo root with
 
-    PYTHONPATH=$PWD OUT=<dir> python3 bench/experiments/sel_forced_blocks.py
+    PYTHONPATH=$PWD OUT=<dir> python3 lab/sel_forced_blocks.py
 
 It writes ``$OUT/exp1.json``; the H100 result is stored as
 ``results/h100/experiments/forced-same-scores-pp.json``.
@@ -24,14 +24,14 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from bench.experiments import scores_common as scm
-from bench.experiments.scores_common import _spill_store, _tile_bounds, _tile_rows
+import scores_common as scm
+from scores_common import _spill_store, _tile_bounds, _tile_rows
 from ci import atomic
 from nsa.backends import triton_nsa
 from nsa.backends.triton_kernels import scores as SC

@@ -1,12 +1,13 @@
 #!/bin/bash
 # Each mutation of nsa/backends/triton_kernels/fa4_win.py must fail tests/nsa/test_fa4_win.py (CPU, the
-# double of FA-4): bash bench/experiments/fa4_mutations.sh from the repo root, with .venv built.
+# double of FA-4): `make mutants MUTANTS=fa4` over a copy of the tree (or bash lab/mutations/fa4_mutations.sh in a clone), with .venv built.
 cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
 f=nsa/backends/triton_kernels/fa4_win.py
 cp $f /tmp/fa4_win.bak
 run() { cmp -s $f /tmp/fa4_win.bak && { echo "NOT APPLIED (the pattern is gone): $1"; return; }
-      TRITON_INTERPRET=1 timeout 600 .venv/bin/python -m pytest -q -p no:cacheprovider tests/nsa/test_fa4_win.py -x >/dev/null 2>&1 && echo "SURVIVED: $1" || echo "killed: $1"; cp /tmp/fa4_win.bak $f; }
-TRITON_INTERPRET=1 .venv/bin/python -m pytest -q -p no:cacheprovider tests/nsa/test_fa4_win.py >/dev/null 2>&1 && echo "baseline passes" || { echo "BASELINE FAILS"; exit 1; }
+      TRITON_INTERPRET=1 timeout 600 $PY -m pytest -q -p no:cacheprovider tests/nsa/test_fa4_win.py -x >/dev/null 2>&1 && echo "SURVIVED: $1" || echo "killed: $1"; cp /tmp/fa4_win.bak $f; }
+TRITON_INTERPRET=1 $PY -m pytest -q -p no:cacheprovider tests/nsa/test_fa4_win.py >/dev/null 2>&1 && echo "baseline passes" || { echo "BASELINE FAILS"; exit 1; }
 sed -i 's/and q_start == 0 and k_start == 0/and k_start == 0/' $f; run "no q_start check"
 sed -i 's/and q_start == 0 and k_start == 0/and q_start == 0/' $f; run "no k_start check"
 sed -i 's/window_size=(window - 1, 0)/window_size=(window, 0)/' $f; run "window one wider"

@@ -9,14 +9,14 @@ four kernels):
     S="--section SpeedOfLight --section Occupancy --section WarpStateStats \\
        --section MemoryWorkloadAnalysis --section LaunchStats --section SchedulerStats"
     PYTHONPATH=$PWD ncu $S -k regex:"_dec_" --launch-skip 4 -c 4 --csv --page details \\
-        python3 bench/experiments/decode_once.py 65536 > ncu-decode-64k.csv
+        python3 lab/decode_once.py 65536 > ncu-decode-64k.csv
 """
 import argparse
 import dataclasses
 import os
 import sys
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 
 from bench.nsa_breakdown import decode_inputs

@@ -4,7 +4,7 @@ path's own scores, with contiguous chunks (`Tiles.topn_nchunk`) and in lane form
 The filter is replayed in PyTorch on the group scores of `compressed_and_scores` (complete
 scores, no key-tile spill), random inputs as `fwd_once.py` (bf16, seed 0, paper block sizes).
 
-    PYTHONPATH=$PWD OUT=<dir> python3 bench/experiments/topn_survivors.py 65536 16 16 [65536 64 4 ...]
+    PYTHONPATH=$PWD OUT=<dir> python3 lab/topn_survivors.py 65536 16 16 [65536 64 4 ...]
 
 Writes `$OUT/topn-survivors.json`: per layout and width class, rows, mean survivors, the 99th
 percentile, the largest count and the share of rows over the cap, for each chunk form.
@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 
 from ci import atomic

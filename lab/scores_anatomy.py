@@ -14,7 +14,7 @@ What it measures:
 Needs a CUDA GPU (it was run on an H100 in this project; the L2 kernel launches 132 * 64 programs,
 sized for the H100's 132 SMs). Rerun from the repo root with
 
-    PYTHONPATH=$PWD OUT=<dir> python3 bench/experiments/scores_anatomy.py
+    PYTHONPATH=$PWD OUT=<dir> python3 lab/scores_anatomy.py
 
 It writes ``$OUT/exp2.json``; the H100 result is stored as
 ``results/h100/experiments/scores-anatomy-l2.json``.
@@ -23,14 +23,14 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from bench.experiments import scores_common as scm
-from bench.experiments.scores_common import _spill_store, _tile_bounds, _tile_rows
+import scores_common as scm
+from scores_common import _spill_store, _tile_bounds, _tile_rows
 from ci import atomic
 from nsa.backends.triton_kernels.common import _dot
 

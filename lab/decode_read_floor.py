@@ -11,12 +11,12 @@ inputs from `bench.nsa_breakdown.decode_inputs`), CUDA graphs, L2 flushed betwee
 - `loop-CH-SUB-sSTAGES-wWARPS`: the same bytes in chunks of CH tokens, SUB per step of a
   pipelined loop, with kernel A's two products but no softmax (`_read_loop`);
 - `zeros`: the counts zeroing a cut step runs; `A-tok`, `A-head`: the step cut after kernel A
-  (bench/experiments/decode_chain.py) on either layout (decode_step takes any strides);
+  (lab/decode_chain.py) on either layout (decode_step takes any strides);
 - `step-tok`, `step-head`: the whole step, a kept counts buffer.
 
 Needs a CUDA GPU. From the repo root:
 
-    python3 bench/experiments/decode_read_floor.py --S 8192,65536 --json read-floor.json
+    python3 lab/decode_read_floor.py --S 8192,65536 --json read-floor.json
 """
 import argparse
 import json
@@ -24,12 +24,12 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 import triton
 import triton.language as tl
 
-from bench.experiments.decode_chain import _cut
+from decode_chain import _cut
 from bench.nsa_breakdown import decode_inputs
 from bench.timing import Timer, measure
 from ci import atomic

@@ -20,7 +20,7 @@ Needs a CUDA GPU (it was run on an H100 in this project) and the ``fa3-fwd`` whe
 (``fa3_cmp.load()``), e.g. installed with ``pip install --target /tmp/site fa3_fwd-*.whl``;
 without it every FA3 entry just holds the resulting error text. Rerun from the repo root with
 
-    PYTHONPATH=/tmp/site:$PWD OUT=<dir> python3 bench/experiments/fa3_window.py
+    PYTHONPATH=/tmp/site:$PWD OUT=<dir> python3 lab/fa3_window.py
 
 It writes ``$OUT/exp3.json``; the H100 result is stored as
 ``results/h100/experiments/fa3-window.json``.
@@ -29,11 +29,11 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 from triton.testing import do_bench
 
-from bench.experiments.window_common import band_tiles, ref_win
+from window_common import band_tiles, ref_win
 from ci import atomic
 from nsa.backends.triton_kernels import fa3_cmp
 from nsa.backends.triton_kernels import sliding as W

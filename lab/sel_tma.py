@@ -9,7 +9,7 @@ absolute difference from the base output (the same arithmetic: 0 or one bf16 ulp
 
 Needs a CUDA GPU (it was run on an H100 in this project). Rerun from the repo root with
 
-    PYTHONPATH=$PWD OUT=<dir> python3 bench/experiments/sel_tma.py
+    PYTHONPATH=$PWD OUT=<dir> python3 lab/sel_tma.py
 
 It writes ``$OUT/exp5.json``; the H100 result is stored as
 ``results/h100/experiments/sel-tma.json``.
@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 import triton
 import triton.language as tl

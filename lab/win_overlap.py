@@ -21,7 +21,7 @@ Every variant's output is compared bit for bit with `serial` (the same kernels o
 inputs). REP_MS: the repeats' budget per variant (at least 10, at most 60 repeats). Layouts: 64/4 at 8k..128k, 32/8 and 16/16 at 16k and 64k; bf16, D 128, the paper's
 block sizes, random inputs (seed 0).
 
-    PYTHONPATH=$PWD OUT=<dir> [REP_MS=400] python3 bench/experiments/win_overlap.py [T/HQ/HKV ...]
+    PYTHONPATH=$PWD OUT=<dir> [REP_MS=400] python3 lab/win_overlap.py [T/HQ/HKV ...]
 
 writes `$OUT/win-overlap.json`.
 """
@@ -31,7 +31,7 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 
 from bench.suites.fast import nsa_triton

@@ -10,7 +10,7 @@ and shared memory.
 
 Needs a CUDA GPU (it was run on an H100 in this project). Rerun from the repo root with
 
-    PYTHONPATH=$PWD OUT=<dir> python3 bench/experiments/scores_q_registers.py
+    PYTHONPATH=$PWD OUT=<dir> python3 lab/scores_q_registers.py
 
 It writes ``$OUT/exp6.json``; the H100 result is stored as
 ``results/h100/experiments/scores-q-registers.json``.
@@ -19,14 +19,14 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 import triton
 import triton.language as tl
 from triton.testing import do_bench
 
-from bench.experiments import scores_common as scm
-from bench.experiments.scores_common import _spill_store, _tile_bounds, _tile_rows
+import scores_common as scm
+from scores_common import _spill_store, _tile_bounds, _tile_rows
 from ci import atomic
 from nsa.backends.triton_kernels.common import _dot
 

@@ -2,7 +2,7 @@
 # Each mutation of nsa.graphs.GraphedAttend and what capture relies on (the masks built uncached
 # under capture, masked SDPA without host syncs, the warm-up's sync check, the key, the output
 # copy, the eviction order, Tiles.for_graphs) must fail tests/nsa/test_graphs.py. Most need the
-# GPU tests: run it on the device from the repo root (PY=python3); on CPU (PY=.venv/bin/python,
+# GPU tests: on the device, `make mutants MUTANTS=graph MUTANTS_PY=python3` (a copy of the tree); on CPU (the venv,
 # the default) only the key, the floors and the argument checks can be killed.
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}

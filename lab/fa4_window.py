@@ -14,7 +14,7 @@ What it writes to ``$OUT/fa4-window.json``:
 
 Rerun from the repo root with the wheels installed in /tmp/site:
 
-    PYTHONPATH=/tmp/site:$PWD OUT=<dir> python3 bench/experiments/fa4_window.py
+    PYTHONPATH=/tmp/site:$PWD OUT=<dir> python3 lab/fa4_window.py
 """
 import json
 import os
@@ -22,11 +22,11 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 from triton.testing import do_bench
 
-from bench.experiments.window_common import band_tiles, ref_win
+from window_common import band_tiles, ref_win
 from ci import atomic
 from nsa.backends.triton_kernels import sliding as W
 

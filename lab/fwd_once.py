@@ -7,7 +7,7 @@ Needs a CUDA GPU. Used on the H100 under Nsight Compute, from the repo root:
     S="--section SpeedOfLight --section Occupancy --section WarpStateStats \\
        --section MemoryWorkloadAnalysis --section LaunchStats"
     PYTHONPATH=$PWD ncu $S -k regex:"_selb" -c 2 --csv --page details \\
-        python3 bench/experiments/fwd_once.py 65536 32 8 > ncu-selb-32-8.csv
+        python3 lab/fwd_once.py 65536 32 8 > ncu-selb-32-8.csv
 
 (stored in `results/h100/experiments/`, with the other two profiles' kernel filters named in
 `results/README.md`).
@@ -15,7 +15,7 @@ Needs a CUDA GPU. Used on the H100 under Nsight Compute, from the repo root:
 import os
 import sys
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 
 from bench.suites.fast import nsa_triton

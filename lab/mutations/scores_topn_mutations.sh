@@ -1,12 +1,13 @@
 #!/bin/bash
 # Each mutation of the scores kernel's query-tile loop and gather shift (scores.py), top-n's ranks
 # and lane form (topn.py) and the int16 inversion sort (selection_blocks.py) must fail the tests named beside it
-# (CPU, Triton's interpreter): bash bench/experiments/scores_topn_mutations.sh from the repo root,
+# (CPU, Triton's interpreter): `make mutants MUTANTS=scores_topn` over a copy of the tree (or bash lab/mutations/scores_topn_mutations.sh in a clone),
 # with .venv built. Run it in a clone, not in a tree a device call carries.
 cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
 d=nsa/backends/triton_kernels
 for f in scores topn selection_blocks; do cp $d/$f.py /tmp/mut_$f.bak; done
-tests() { TRITON_INTERPRET=1 timeout 900 .venv/bin/python -m pytest -q -x -p no:cacheprovider tests/nsa/test_triton.py \
+tests() { TRITON_INTERPRET=1 timeout 900 $PY -m pytest -q -x -p no:cacheprovider tests/nsa/test_triton.py \
           -k "$1" >/dev/null 2>&1; }
 run() { f=$d/$1.py; cmp -s $f /tmp/mut_$1.bak && { echo "NOT APPLIED (the pattern is gone): $3"; return; }
         tests "$2" && echo "SURVIVED: $3" || echo "killed: $3"; cp /tmp/mut_$1.bak $f; }

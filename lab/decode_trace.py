@@ -8,7 +8,7 @@ L2 flushed before each replay; medians over replays, in us from kernel A's first
 
 Needs a CUDA GPU. From the repo root:
 
-    python3 bench/experiments/decode_trace.py --S 8192,65536 --json decode-trace.json
+    python3 lab/decode_trace.py --S 8192,65536 --json decode-trace.json
 """
 import argparse
 import dataclasses
@@ -17,7 +17,7 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 
 from bench.nsa_breakdown import decode_inputs

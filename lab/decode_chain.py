@@ -11,7 +11,7 @@ leaves counts behind, so it gets a fresh one, whose zeroing kernel is in the cut
 
 Needs a CUDA GPU. From the repo root:
 
-    python3 bench/experiments/decode_chain.py --S 8192,65536 --json decode-chain.json
+    python3 lab/decode_chain.py --S 8192,65536 --json decode-chain.json
 
 `--prev FILE` also times an earlier copy of decode.py (`git show REV:nsa/backends/triton_kernels/decode.py`)
 in the same process, with its own kept counts buffer where its decode_step takes one (earlier
@@ -28,7 +28,7 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.getcwd())
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root: nsa, bench
 import torch
 
 from bench.nsa_breakdown import decode_inputs

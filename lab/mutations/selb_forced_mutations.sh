@@ -1,11 +1,12 @@
 #!/bin/bash
 # Each mutation of the forced-block kernel and the combine's forced mode in nsa/backends/triton_kernels/selection_blocks.py must
 # fail the block-centric tests of tests/nsa/test_triton.py (CPU, Triton's interpreter):
-# bash bench/experiments/selb_forced_mutations.sh from the repo root, with .venv built.
+# `make mutants MUTANTS=selb_forced` (a copy of the tree), or bash lab/mutations/selb_forced_mutations.sh in a clone with .venv built.
 cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
 f=nsa/backends/triton_kernels/selection_blocks.py
 cp $f /tmp/selection_blocks.bak
-tests() { TRITON_INTERPRET=1 timeout 900 .venv/bin/python -m pytest -q -p no:cacheprovider tests/nsa/test_triton.py \
+tests() { TRITON_INTERPRET=1 timeout 900 $PY -m pytest -q -p no:cacheprovider tests/nsa/test_triton.py \
           -k "block_centric_selection or repeated or hundreds or forced_blocks" "$@" >/dev/null 2>&1; }
 run() { cmp -s $f /tmp/selection_blocks.bak && { echo "NOT APPLIED (the pattern is gone): $1"; return; }
       tests -x && echo "SURVIVED: $1" || echo "killed: $1"; cp /tmp/selection_blocks.bak $f; }
