@@ -1,6 +1,6 @@
 """`python -m bench readme-table`: the README's results table, generated from one `fast` suite results file.
 
-    python -m bench readme-table results/h100/final-0a86c24/fast-full.json.gz   # print the table
+    python -m bench readme-table results/h100/final-0a86c24/fast-full.json.xz   # print the table
     python -m bench readme-table --readme README.md                       # rewrite the README's table
     python -m bench readme-table FILE --readme README.md                  # the same from another file
 

@@ -1,4 +1,5 @@
-"""The decide job on the committed H100 nightlies (results/h100/nightly, results/README.md).
+"""The decide job on the committed H100 nightlies (tests/data/h100/nightly; results/h100/nightly/ holds their
+decisions and reports, results/README.md).
 
 Run 3's results (ee410f6, with `timing.host_ms`) against the history store of runs 1 and 2, as the
 workflow's decide job sees it: the decision proposes nothing (the three "lasting" changes its job
@@ -11,13 +12,13 @@ run3/replay-6fa0465; the test keeps the rule from drifting away from the real da
 from __future__ import annotations
 
 import json
-import shutil
+import lzma
 from pathlib import Path
 
 from ci.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[2]
-NIGHTLY = ROOT / "results/h100/nightly"
+NIGHTLY = ROOT / "tests/data/h100/nightly"
 EARLIER = ("20261122T192959Z-11cdeb3-c02c78.json", "20261122T193633Z-11cdeb3-b56fd0.json")
 
 
@@ -26,11 +27,13 @@ def test_run3_replayed_on_runs_1_and_2_proposes_nothing_and_flags_no_regression(
     model = store / "history" / "nvidia-h100-80gb-hbm3"
     model.mkdir(parents=True)
     for name in EARLIER:
-        shutil.copy(NIGHTLY / "history-store/history/nvidia-h100-80gb-hbm3" / name, model / name)
+        # Stored xz-compressed; the history store reads plain JSON records.
+        packed = NIGHTLY / "history-store/history/nvidia-h100-80gb-hbm3" / f"{name}.xz"
+        (model / name).write_bytes(lzma.decompress(packed.read_bytes()))
     monkeypatch.setenv("NSA_HISTORY_DIR", str(store))
     for var in ("GITHUB_TOKEN", "GH_TOKEN", "GITHUB_OUTPUT"):
         monkeypatch.delenv(var, raising=False)
-    results, decision = NIGHTLY / "run3/results.json", tmp_path / "decision.json"
+    results, decision = NIGHTLY / "run3/results.json.xz", tmp_path / "decision.json"
     assert main(["decide", "--results", str(results), "--out", str(decision)]) == 0
     raw = json.loads(decision.read_text())
     # This run alone measures one change (Triton compressed at G = 4 adopting from 4096, extended down

@@ -33,7 +33,7 @@ H100_SLUG, H200_SLUG = history.gpu_slug(H100), history.gpu_slug(H200)
 SEL = ("triton/selected/",)  # the selection kernel's 42 cases: sel g4 measures 256 on the H100 file
 LONG = ("-T8192-", "-T16384-")  # 18 long cases: the regression replay (the bootstrap is the slow part)
 SLOW = "triton/selected/triton/B1-T8192-Hq8-Hkv2-D64-l32-d16-ls64-n16-partbranch-bf16"
-SMOKE = hx.ROOT / "results/h200x2/shard-smoke.json"
+SMOKE = hx.ROOT / "tests/data/h200x2/shard-smoke.json.xz"
 
 
 @dataclass
