@@ -33,12 +33,14 @@ DV = 128
 
 def tile_changes(pairs: Sequence[str], base: Any) -> dict[str, Any]:
     """`NAME=VALUE` pairs -> `Tiles` field changes, typed like the field's current value."""
+    # `Tiles.flat()` names every flat field (a family's name is an attribute too, but not a field).
+    fields = set(base.flat()) if callable(getattr(base, "flat", None)) else {f.name for f in dataclasses.fields(base)}
     out: dict[str, Any] = {}
     for pair in pairs:
         name, sep, raw = pair.partition("=")
-        if not sep or not hasattr(base, name):
+        if not sep or name not in fields:
             raise ValueError(f"a tile change must be NAME=VALUE with NAME a Tiles field, got {pair!r}; "
-                             "see nsa/backends/triton_kernels/tiles.py for the fields")
+                             "see nsa/profiles/tiles.py for the fields")
         cur = getattr(base, name)
         if isinstance(cur, bool):
             if raw not in ("True", "False"):

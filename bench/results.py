@@ -22,7 +22,7 @@ from typing import Any
 from ci import atomic
 
 SCHEMA_VERSION = 1
-OPS = ("sliding", "compressed", "selected", "nsa_prefill", "nsa_decode", "nsa_train", "dense")
+OPS = ("sliding", "compressed", "selected", "nsa_prefill", "nsa_decode", "nsa_train", "nsa_serve", "dense")
 STATUSES = ("ok", "skipped", "failed")
 RUN_FIELDS = ("id", "created_at", "git_sha", "command")
 MACHINE_FIELDS = ("gpu_name", "sm", "driver", "cuda", "torch", "triton", "flash_attn", "python")

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--T", type=int, default=65536)
     ap.add_argument("--heads", type=int, default=64, help="query heads of the prefill kinds (default 64)")
     ap.add_argument("--kv-heads", type=int, default=4, help="KV heads of the prefill kinds (default 4)")
-    ap.add_argument("--profile", help="base Tiles profile (sm90, default, ...); default: this GPU's")
+    ap.add_argument("--profile", help="base GPU profile (sm90, generic, ...; nsa/profiles/); default: this GPU's")
     ap.add_argument("--json", help="write every variant's samples (ms) here")
     ap.add_argument("--kinds", default="path,cmp,lse,scr,topn,sel,dec,win",
                     help="comma-separated kernel families to sweep (default: all)")
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench.timing import Timer, measure
-    from nsa import ops
+    from nsa import ops, profiles
     from nsa.backends import triton_nsa
 
     if not torch.cuda.is_available():
@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     r = lambda *s: torch.randn(*s, device=dev, dtype=dt, generator=g)  # noqa: E731
     q, k, v = r(1, t, args.heads, 128), r(1, t, args.kv_heads, 128), r(1, t, args.kv_heads, 128)
     kc, vc = ops.compress_kv(k, v, block=32, stride=16)
-    base = triton_nsa.tiles(args.profile or triton_nsa.profile_for(dev))
+    profile = profiles.by_name(args.profile) if args.profile else profiles.profile_for(dev)
+    base = profile.tiles
 
     def cmp():
         return triton_nsa.compressed_and_scores(q, kc, vc, block=32, stride=16, sel_block=64, scale=128 ** -0.5)
@@ -176,8 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"T": t, "heads": args.heads, "kv_heads": args.kv_heads, "gpu": torch.cuda.get_device_name(),
-                       "profile": args.profile or triton_nsa.profile_for(dev),
-                       "defaults": dataclasses.asdict(base), **report}, fh, indent=1)
+                       "profile": profile.name, "defaults": base.flat(), **report}, fh, indent=1)
     return 0
 
 

@@ -63,6 +63,8 @@ __all__ = ["DESCRIPTION", "HELP", "HistoryInputError", "add_arguments", "main"]
 
 EXIT_OK, EXIT_GITHUB, EXIT_INPUT, EXIT_REGRESSION = 0, 1, 2, 4
 HISTORY_DIR_ENV = "NSA_HISTORY_DIR"
+FUTURE_FIX = ("set the GPU machine's clock (NTP) and rerun the bench: a run dated later would stay the newest in "
+              "history and push real runs out")
 HELP = "keep only threshold changes that last K runs, save the run's history, flag regressions"
 DESCRIPTION = __doc__ or ""
 Connect = Callable[[Any], Any]
@@ -347,8 +349,7 @@ def _main(args: argparse.Namespace, env: Mapping[str, str], connector: Connect |
     try:
         history.check_created_at(merged["run"]["created_at"], f"--results {args.results[0]}")
     except HistoryError as exc:
-        raise HistoryInputError(f"{exc}; set the GPU machine's clock (NTP) and rerun the bench: a run dated "
-                                "later would stay the newest in history and push real runs out") from None
+        raise HistoryInputError(f"{exc}; {FUTURE_FIX}") from None
     doc = load_decision(args.decision, merged)
     raw = raw_entries(doc)
     record = history.build_record(merged, record_entries(raw))

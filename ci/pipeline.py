@@ -25,8 +25,9 @@ Exit code: that of the first stage that failed (sweep 1/2, decide 2/3, history 1
 pr 1/2), else 0. 4 means a regression: a case is significantly slower than in this GPU model's
 history (the report lists it first).
 
-Every path argument (--out-dir, --history-dir, and --config where the PR stage will send) is checked
-before the first stage writes. A stage that fails, a file-system fault included (one line with the
+Every path argument (--out-dir, --history-dir, and --config where the PR stage will send), and the
+date of every --results file (history refuses a run dated in the future), is checked before the
+first stage writes. A stage that fails, a file-system fault included (one line with the
 path and the fix, exit 2), still ends with the summary.
 
 --out-dir holds one run: before a stage runs, the file or folder it writes is removed (the history
@@ -228,6 +229,24 @@ def check_paths(args: argparse.Namespace, out: Path) -> None:
             repo_path(args.config)
         except PlanError as exc:
             raise InputError(f"{exc} (the PR stage edits that path on the base branch)") from None
+    for path in args.results or ():
+        check_created_at(path)
+
+
+def check_created_at(path: str) -> None:
+    """A results file dated in the future is refused by the history stage, after decide has written its
+    decision: refused here, before any stage writes. A file that cannot be read or parsed is left to
+    decide, which names what is wrong with it."""
+    from ci import history, history_cmd
+
+    try:
+        created_at = json.loads(Path(path).read_text(encoding="utf-8"))["run"]["created_at"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # RecursionError: JSON nested too deep
+        return
+    try:
+        history.check_created_at(created_at, f"--results {path}")
+    except history.HistoryError as exc:
+        raise InputError(f"{exc}; {history_cmd.FUTURE_FIX}") from None
 
 
 def run(args: argparse.Namespace, stage: Stage, probe: Probe = probe_device) -> int:

@@ -153,9 +153,11 @@ def load_report(report_dir: str | Path, profile: str) -> tuple[str, tuple[Report
 
 def _read_regular(path: Path) -> bytes:
     """The bytes of ``path``, a regular file of the report folder itself: a symlink (to
-    /proc/self/environ, which holds the token, say), a FIFO, a device or a folder is refused, since
+    /proc/self/environ, which holds the token, say), a hard link (a second name of a file elsewhere,
+    such as a credentials file on the runner's disk), a FIFO, a device or a folder is refused, since
     whatever it reads would be committed to a public branch. ``O_NOFOLLOW`` refuses a symlink at the
-    open itself, so nothing can swap the file for a link between a check and the read."""
+    open itself, so nothing can swap the file for a link between a check and the read; the link
+    count comes from the opened file itself. `ci report` writes every file new, with one name."""
     refused = (
         f"--report-dir must hold only regular files, got {str(path)!r} as {{what}}; the publisher follows "
         "no links, so delete it and rerun `python -m ci report` to write the folder anew"
@@ -170,10 +172,13 @@ def _read_regular(path: Path) -> bytes:
             raise PlanError(refused.format(what="a symlink")) from None
         raise PlanError(f"--report-dir must hold readable files, got {str(path)!r} ({exc.strerror}); rerun "
                         "`python -m ci report` to write the folder anew") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
         os.close(fd)
-        raise PlanError(refused.format(what="a folder" if stat.S_ISDIR(mode) else "a special file"))
+        raise PlanError(refused.format(what="a folder" if stat.S_ISDIR(info.st_mode) else "a special file"))
+    if info.st_nlink > 1:
+        os.close(fd)
+        raise PlanError(refused.format(what=f"a hard link (one of {info.st_nlink} names of one file)"))
     with os.fdopen(fd, "rb") as fh:
         return fh.read()
 

@@ -359,9 +359,10 @@ def trend_pngs(trends_dir: str | os.PathLike[str] | None) -> list[Path]:
                           "--out-dir followed by /trends")
     found = sorted(folder.glob("trend_*.png")) if folder.is_dir() else []
     for png in found:  # copied into the report, which is published: a link would publish what it points at
-        if png.is_symlink() or not png.is_file():
-            raise ReportError(f"--trends must hold regular files, got {str(png)!r} as a "
-                              f"{'symlink' if png.is_symlink() else 'special file or folder'}; delete it and "
+        if png.is_symlink() or not png.is_file() or png.stat().st_nlink > 1:
+            what = ("symlink" if png.is_symlink() else "special file or folder" if not png.is_file()
+                    else f"hard link (one of {png.stat().st_nlink} names of one file)")
+            raise ReportError(f"--trends must hold regular files, got {str(png)!r} as a {what}; delete it and "
                               "rerun `python -m ci history` to draw the charts anew")
     return found
 

@@ -67,6 +67,9 @@ def headlines(cases: Iterable[Mapping[str, Any] | HistoryCase],
     decode = sorted(cid for cid, op, p in rows if p.get("T") == DECODE_T and (
         (op == "nsa_decode" and p.get("branches", "all") == "all") or (op == "dense" and "dim" in p)))
     out.append(Headline(f"decode_T{DECODE_T}", f"decode step at {DECODE_T // 1024}k tokens", decode))
+    # The serve suite's ragged paged batch (nightly): every variant of that one cell.
+    ragged = sorted(cid for cid, op, p in rows if op == "nsa_serve" and p.get("ragged"))
+    out.append(Headline("serve_ragged", "decode step, ragged paged batch (B=32, 4k-64k)", ragged))
     for key, ids in sorted((deciding or {}).items()):
         out.append(Headline(f"key_{key}", f"{key}: deciding cells", sorted(ids)))
     return [h for h in out if h.case_ids]

@@ -60,11 +60,16 @@ class TokenBuffer:
         self.n = 0
 
     def append(self, x: Tensor) -> None:
+        if self.keep is not None and x.shape[1] > self.keep:
+            # Longer than what is kept (a prefill, or a chunk of one): only its last `keep` tokens
+            # stay, nothing before them, so a window buffer never grows with the prompt or chunk.
+            x = x[:, x.shape[1] - self.keep:]
+            self.n = 0
         if self.data is None:
             cap = max(2 * (self.keep or 0), 2 * x.shape[1], 16)
             self.data = x.new_empty(x.shape[0], cap, *x.shape[2:])
         if self.n + x.shape[1] > self.data.shape[1]:
-            if self.keep is not None and x.shape[1] <= self.keep:
+            if self.keep is not None:
                 tail = self.data[:, self.n - self.keep:self.n].clone() if self.n > self.keep else self.data[:, :self.n].clone()
                 self.data[:, :tail.shape[1]] = tail
                 self.n = tail.shape[1]

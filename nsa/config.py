@@ -46,7 +46,8 @@ class NSAConfig:
                      "cmp_block", "cmp_stride", "sel_block", "window"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"NSAConfig.{name} must be a positive int, got {value!r}")
+                raise ValueError(f"NSAConfig.{name} must be a positive int, got {value!r}; pass a count, such as "
+                                 f"{getattr(NSAConfig, name)} (the default)")
         validate_branch_params(cmp_block=self.cmp_block, cmp_stride=self.cmp_stride,
                                sel_block=self.sel_block, sel_count=self.sel_count,
                                window=self.window)
@@ -55,17 +56,19 @@ class NSAConfig:
                 f"NSAConfig.n_heads must be a multiple of n_kv_heads, got {self.n_heads} and "
                 f"{self.n_kv_heads}; choose n_kv_heads dividing n_heads")
         if self.phi not in ("avg", "mlp"):
-            raise ValueError(f"NSAConfig.phi must be 'avg' or 'mlp', got {self.phi!r}")
+            raise ValueError(f"NSAConfig.phi must be 'avg' or 'mlp', got {self.phi!r}; pass phi='avg' (mean pooling) "
+                             "or phi='mlp' (the paper's learned compression)")
         if self.kv not in ("separate", "shared"):
-            raise ValueError(f"NSAConfig.kv must be 'separate' or 'shared', got {self.kv!r}")
+            raise ValueError(f"NSAConfig.kv must be 'separate' or 'shared', got {self.kv!r}; pass kv='separate' (K/V "
+                             "per branch, the paper's) or kv='shared' (one K/V for all three)")
         if self.rope and self.head_dim_qk % 2:
             raise ValueError(
                 f"NSAConfig.head_dim_qk must be even when rope=True, got {self.head_dim_qk}; "
                 "use an even head dim or rope=False")
         if self.scale is not None and not (isinstance(self.scale, (int, float)) and not isinstance(self.scale, bool)
                                            and math.isfinite(self.scale) and self.scale > 0):
-            raise ValueError(f"NSAConfig.scale must be a finite positive number or None (head_dim_qk ** -0.5), "
-                             f"got {self.scale!r}")
+            raise ValueError(f"NSAConfig.scale must be a finite positive number or None, got {self.scale!r}; leave "
+                             "it None for the usual head_dim_qk ** -0.5, or pass a positive float")
 
     @property
     def group_size(self) -> int:

@@ -7,7 +7,7 @@ the backend can run the call (`backends.unsupported_reason`); a branch with none
 (`sdpa`, which never builds a T x T mask at long T). CPU tensors always use `sdpa`.
 
 The value for (profile, class) comes from `profiles.sm<major><minor>`, else `runtime`, else -1
-(nsa.settings). Overrides for experiments, each logged and written into every results file by
+(nsa.settings); the device's GPU profile (nsa.profiles) names that block. Overrides for experiments, each logged and written into every results file by
 `describe()`:
     NSA_CONFIG=path                 read another config file
     NSA_PROFILE=sm90                use that profile instead of the device's (one the config defines)
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import logging
 import os
 import weakref
@@ -32,7 +31,7 @@ from typing import Any
 
 import torch
 
-from nsa import backends, keys, settings
+from nsa import backends, keys, profiles, settings
 from nsa.backends import AttnCall, BackendError
 
 log = logging.getLogger("nsa.dispatch")
@@ -130,18 +129,9 @@ class Plan:
 
 
 def device_profile(device: torch.device | str | None) -> str:
-    """`sm90` for a CUDA device of capability 9.0, `cpu` otherwise."""
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    if device.type != "cuda":
-        return "cpu"
-    return _cuda_profile(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _cuda_profile(index: int) -> str:
-    # Asked on every auto call; a device's capability never changes within a process.
-    major, minor = torch.cuda.get_device_capability(index)
-    return f"sm{major}{minor}"
+    """The config profile `device` reads: its GPU profile's block of thresholds (`sm90` for an
+    H100, `sm89` for an L4 whatever nsa/profiles/ holds), `cpu` for anything but a CUDA device."""
+    return profiles.profile_for(device).thresholds
 
 
 def set_overrides(**values: Any) -> None:

@@ -19,12 +19,13 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from nsa import backends, dispatch, ops
+from nsa import backends, dispatch, ops, packing
 from nsa.backends import AttnCall
 from nsa.backends.sdpa import masked_attention
 from nsa.cache import NSACache, ReadCounts, TokenBuffer, decode_read_budget
 from nsa.compression import MLPCompressor, avg_compress
 from nsa.config import NSAConfig
+from nsa.masks import n_compressed
 from nsa.rope import apply_rope
 
 BRANCHES = ("cmp", "sel", "win")
@@ -37,6 +38,8 @@ class NSAAttention(nn.Module):
     `forward(x)` is the prefill. Decode: `cache = attn.new_cache()`, `y, cache = attn.prefill(x)`
     (or start empty), then `y_t = attn.step(x_t, cache)` for `x_t [B, 1, dim]`; every step output
     equals the prefill output at that position. `cache.reads` holds the last step's read counts.
+    Chunked prefill: `y, cache = attn.prefill(x_chunk, cache=cache)` continues a cache. Packed
+    sequences: `attn(x, cu_seqlens=cu)` with `x [1, total_T, dim]` (docs/nsa.md).
     `backend`: `"auto"` (nsa.dispatch picks per branch from the thresholds), one backend name for
     every branch (`"sdpa"`, `"triton"`, `"flex"`, `"fa2"` ...), or a mapping branch -> name
     (`{"win": "fa2"}`; missing branches are auto). An explicit backend that cannot run a branch
@@ -105,8 +108,10 @@ class NSAAttention(nn.Module):
         return backends.needs_grad(*tensors, *phi)
 
     def _calls(self, q: Tensor, kv: Mapping[str, tuple[Tensor, Tensor]], kc: Tensor | None, vc: Tensor | None,
-               branches: Sequence[str], q_start: int, k_start_win: int = 0, grad: bool = False) -> dict[str, AttnCall]:
-        """The branch calls dispatch plans from (the selection call has no block indices yet)."""
+               branches: Sequence[str], q_start: int, k_start_win: int = 0, grad: bool = False,
+               win_kv: tuple[Tensor, Tensor] | None = None) -> dict[str, AttnCall]:
+        """The branch calls dispatch plans from (the selection call has no block indices yet).
+        `win_kv`: the window's K/V when they are not `kv`'s (a chunk reads a tail of the cache)."""
         c, scale = self.config, self.config.softmax_scale
         calls = {}
         if "cmp" in branches:
@@ -116,7 +121,7 @@ class NSAAttention(nn.Module):
             k_s, v_s = kv[self._kv_name("sel")]
             calls["sel"] = AttnCall("selected", q, k_s, v_s, scale, q_start=q_start, sel_block=c.sel_block, grad=grad)
         if "win" in branches:
-            k_w, v_w = kv[self._kv_name("win")]
+            k_w, v_w = win_kv if win_kv is not None else kv[self._kv_name("win")]
             calls["win"] = AttnCall("sliding", q, k_w, v_w, scale, q_start=q_start, k_start=k_start_win,
                                     window=c.window, grad=grad)
         return calls
@@ -173,37 +178,63 @@ class NSAAttention(nn.Module):
                                          grad=self._grad_of(q, kv)), self.backend)
 
     def attend(self, q: Tensor, kv: dict[str, tuple[Tensor, Tensor]], gates: Tensor,
-               branches: Sequence[str] = BRANCHES) -> Tensor:
+               branches: Sequence[str] = BRANCHES, *, cu_seqlens: Tensor | None = None) -> Tensor:
         """Prefill attention (projections excluded): gated sum of the branches -> `[B, T, Hq, dv]`.
 
         Branches not in `branches` contribute 0 and are not computed (selection still needs the
         compressed keys). Memory: each branch op's (see nsa.ops), plus one `[B, T, Hq, dv]` output
         per branch.
+
+        Packed sequences: with `cu_seqlens` (int32 `[N+1]`, flash-attn's convention, see
+        nsa.packing), q `[total_T, Hq, dk]`, each kv pair `[total_T, Hkv, dk]` / `[total_T, Hkv, dv]`
+        and gates `[total_T, Hq, 3]` hold N sequences one after another (RoPE applied at each
+        sequence's own positions, as `forward(x, cu_seqlens=...)` does) -> `[total_T, Hq, dv]`.
+        No query reads a key of another sequence; compression and selection blocks start at each
+        sequence's position 0; an empty sequence is allowed. Each sequence runs this same path on
+        its own (its own plan), so the output is bit for bit the one-at-a-time result, and it
+        carries gradients as a batch-of-one call does. `cu_seqlens` is read to the host once (one
+        device sync on a GPU); nothing else syncs.
         """
+        if cu_seqlens is not None:
+            self._check_packed(q, kv, gates)
+            bounds = packing.seq_bounds(cu_seqlens, q.shape[0], q.device)
+            return self._attend_packed(q, kv, gates, branches, bounds)
         _check_branches(branches)
         self._check_projections(q, kv, gates)
-        if not branches:
-            return q.new_zeros(*q.shape[:3], self.config.head_dim_v)
         kc, vc = self._compressed(kv, branches)
-        calls = self._calls(q, kv, kc, vc, branches, 0, grad=self._grad_of(q, kv, gates))
+        return self._attend_at(q, gates, branches, 0, kv[self._kv_name("sel")], kv[self._kv_name("win")], 0,
+                               kc, vc, self._grad_of(q, kv, gates))
+
+    def _attend_at(self, q: Tensor, gates: Tensor, branches: Sequence[str], q_start: int,
+                   sel_kv: tuple[Tensor, Tensor], win_kv: tuple[Tensor, Tensor], k_start_win: int,
+                   kc: Tensor | None, vc: Tensor | None, grad: bool) -> Tensor:
+        """The gated branches for queries at `q_start ..`: the selection over `sel_kv` (raw K/V from
+        position 0), the window over `win_kv` (from position `k_start_win`), the compressed branch
+        and the scores over `kc`/`vc` (every compressed token so far). A prefill has `q_start = 0`;
+        a chunk continuing a cache has its cached tokens before its own (`prefill(x, cache=)`)."""
+        c = self.config
+        if not branches:
+            return q.new_zeros(*q.shape[:3], c.head_dim_v)
+        calls = self._calls(q, {self._kv_name("sel"): sel_kv}, kc, vc, branches, q_start, k_start_win, grad=grad,
+                            win_kv=win_kv)
         plan = dispatch.plan(calls, self.backend)
-        k_s, v_s = kv[self._kv_name("sel")]
+        k_s, v_s = sel_kv
 
         def chain() -> tuple[Tensor | None, Tensor | None]:
-            return self._cmp_and_blocks(plan, calls, q, kc, vc, branches, 0)
+            return self._cmp_and_blocks(plan, calls, q, kc, vc, branches, q_start)
 
         def window() -> Tensor | None:
-            return ops.sliding_window_attention(q, *kv[self._kv_name("win")], window=self.config.window,
-                                                scale=self.config.softmax_scale, backend=plan.backend("win")) \
-                if "win" in branches else None
+            return ops.sliding_window_attention(q, *win_kv, window=c.window, scale=c.softmax_scale,
+                                                backend=plan.backend("win"), q_start=q_start,
+                                                k_start=k_start_win) if "win" in branches else None
 
         def finish(o_win: Tensor | None, cmp_idx: tuple[Tensor | None, Tensor | None]) -> Tensor:
             o_cmp, idx = cmp_idx
             o_sel = None
             if idx is not None and not self._fused_gate(plan, o_cmp, o_win):
-                o_sel = ops.selected_attention(q, k_s, v_s, idx, sel_block=self.config.sel_block,
-                                               scale=self.config.softmax_scale, backend=plan.backend("sel"))
-            return self._gated(plan, q, k_s, v_s, idx, gates, o_cmp, o_sel, o_win, 0)
+                o_sel = ops.selected_attention(q, k_s, v_s, idx, sel_block=c.sel_block, scale=c.softmax_scale,
+                                               backend=plan.backend("sel"), q_start=q_start)
+            return self._gated(plan, q, k_s, v_s, idx, gates, o_cmp, o_sel, o_win, q_start)
 
         if "win" in branches and plan.fused("beside", "win") and q.is_cuda:
             # The window kernel beside the compressed branch and top-n (e.g. Tiles.win_beside).
@@ -283,12 +314,86 @@ class NSAAttention(nn.Module):
         return self.o_proj(o.reshape(*o.shape[:2], -1))
 
     # --- prefill ------------------------------------------------------------------------------
-    def forward(self, x: Tensor, branches: Sequence[str] = BRANCHES) -> Tensor:
-        """Prefill: `x [B, T, dim]` -> `[B, T, dim]`."""
+    def forward(self, x: Tensor, branches: Sequence[str] = BRANCHES, *, cu_seqlens: Tensor | None = None) -> Tensor:
+        """Prefill: `x [B, T, dim]` -> `[B, T, dim]`.
+
+        Packed sequences: with `cu_seqlens` (int32 `[N+1]` on x's device, flash-attn's
+        convention, see nsa.packing), `x [1, total_T, dim]` holds N sequences one after another
+        -> `[1, total_T, dim]`. Each sequence is causal on its own: RoPE positions, compression
+        blocks and selection blocks restart at its first token, and no token reads another
+        sequence's. Empty sequences are allowed. The projections run once over the whole row; the
+        attention runs per sequence (`attend(..., cu_seqlens=)`, bit for bit the one-at-a-time
+        attention), so the output equals `forward` of each sequence alone up to the projection
+        matmuls' rounding. Gradients flow as in a batched call. `cu_seqlens` is read to the host
+        once (one device sync on a GPU).
+        """
+        if cu_seqlens is not None:
+            return self._forward_packed(x, branches, cu_seqlens)
         _check_input(x, self.config)
         _check_branches(branches)
         q, kv, gates = self.project(x)
         return self._out(self.attend(q, kv, gates, branches))
+
+    def _forward_packed(self, x: Tensor, branches: Sequence[str], cu_seqlens: Tensor) -> Tensor:
+        c = self.config
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[0] != 1 or x.shape[-1] != c.dim or x.shape[1] < 1:
+            shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"with cu_seqlens, x must be [1, total_T, dim={c.dim}] (the packed sequences in one row, "
+                             f"total_T >= 1), got {shape}; pass x[None] for a [total_T, dim] tensor, or leave out "
+                             "cu_seqlens for a [B, T, dim] batch")
+        _check_branches(branches)
+        bounds = packing.seq_bounds(cu_seqlens, x.shape[1], x.device)
+        q, kv, gates = self._project_at(x, packing.positions(cu_seqlens, x.shape[1]))
+        o = self._attend_packed(q[0], {n: (k[0], v[0]) for n, (k, v) in kv.items()}, gates[0], branches, bounds)
+        return self._out(o[None])
+
+    def _project_at(self, x: Tensor, pos: Tensor) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]], Tensor]:
+        """`project` with each token's RoPE position given, `pos [T]` (packed sequences restart at 0)."""
+        c = self.config
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, c.n_heads, c.head_dim_qk)
+        kv = {}
+        for name in self.kv_names:
+            k = self.k_proj[name](x).view(b, t, c.n_kv_heads, c.head_dim_qk)
+            kv[name] = (apply_rope(k, pos, c.rope_theta) if c.rope else k,
+                        self.v_proj[name](x).view(b, t, c.n_kv_heads, c.head_dim_v))
+        gates = torch.sigmoid(self.gate(x)).view(b, t, c.n_heads, 3)
+        return (apply_rope(q, pos, c.rope_theta) if c.rope else q), kv, gates
+
+    def _check_packed(self, q: Tensor, kv: Mapping[str, tuple[Tensor, Tensor]], gates: Tensor) -> None:
+        """Packed `attend` inputs: every tensor `[total_T, H, D]` (no batch dim), then the shapes
+        against this layer's config as `attend` checks them."""
+        tensors = [("q", q), ("gates", gates)]
+        if isinstance(kv, Mapping):
+            tensors += [(f"kv[{n!r}]", x) for n, pair in kv.items() if isinstance(pair, (tuple, list))
+                        for x in pair]
+        for label, x in tensors:
+            if not isinstance(x, Tensor) or x.dim() != 3:
+                shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+                raise ValueError(f"with cu_seqlens, {label} must be [total_T, H, D] (packed sequences, no batch dim), "
+                                 f"got {shape}; pass t[0] of a [1, total_T, H, D] tensor, or leave out cu_seqlens "
+                                 "for [B, T, H, D] tensors")
+
+        def one(x: object) -> object:
+            return x[None] if isinstance(x, Tensor) else x
+
+        packed = {n: tuple(one(x) for x in pair) if isinstance(pair, (tuple, list)) else pair
+                  for n, pair in kv.items()} if isinstance(kv, Mapping) else kv
+        self._check_projections(q[None], packed, gates[None])
+
+    def _attend_packed(self, q: Tensor, kv: Mapping[str, tuple[Tensor, Tensor]], gates: Tensor,
+                       branches: Sequence[str], bounds: list[int]) -> Tensor:
+        """`[total_T, Hq, dv]`: each non-empty sequence `bounds[i] .. bounds[i+1]` through `attend`
+        as a batch of one (its own plan), the outputs joined in order."""
+        _check_branches(branches)
+        outs = []
+        for s, e in zip(bounds, bounds[1:], strict=False):
+            if e > s:
+                one = {n: (k[None, s:e], v[None, s:e]) for n, (k, v) in kv.items()}
+                outs.append(self.attend(q[None, s:e], one, gates[None, s:e], branches)[0])
+        if not outs:
+            return q.new_zeros(0, q.shape[1], self.config.head_dim_v)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _layout(self) -> tuple:
         """What a cache's contents depend on: heads, head dims, kv mode, compression and window."""
@@ -329,24 +434,89 @@ class NSAAttention(nn.Module):
                          "cmp": (TokenBuffer(c.cmp_block), TokenBuffer(c.cmp_block))}
         return cache
 
-    def prefill(self, x: Tensor, branches: Sequence[str] = BRANCHES) -> tuple[Tensor, NSACache]:
-        """Prefill `x [B, T, dim]` and return its output and a cache ready for `step`."""
+    def prefill(self, x: Tensor, branches: Sequence[str] = BRANCHES, *,
+                cache: NSACache | None = None) -> tuple[Tensor, NSACache]:
+        """Prefill `x [B, T, dim]` and return its output and a cache ready for `step`.
+
+        Chunked prefill: with `cache` (from this layer's `new_cache()`, `prefill` or `step`s,
+        holding `t0 = cache.length` tokens of the same B sequences), `x` is the next chunk,
+        positions `t0 .. t0 + T - 1` (RoPE there). Its queries read the cached tokens and its own:
+        the compressed stream so far plus the compressed tokens completed inside the chunk,
+        selection over every block so far, the window reaching back into the cache. The chunk's
+        K/V and compressed tokens are then appended to `cache`, which is returned. Prefilling a
+        sequence in chunks gives the output of one prefill of the whole up to rounding (the
+        kernels see other shapes) and the same cache, so later `step`s continue it. Gradients flow
+        to the chunk's inputs and the layer's weights; the cached K/V are constants (a cache holds
+        no autograd graph). A backend that cannot take queries after position 0 (`fa3`, `fa4`)
+        raises BackendError when named; `auto` passes over it. Memory: the cached selection K/V are
+        copied once per chunk (joined with the chunk's), `O(t0 + T)` tokens.
+        """
         _check_input(x, self.config)
+        if isinstance(branches, NSACache):
+            raise TypeError("prefill's second argument is branches; pass the cache by name: prefill(x, cache=cache)")
         _check_branches(branches)
-        q, kv, gates = self.project(x)
-        y = self._out(self.attend(q, kv, gates, branches))
-        cache = self.new_cache()
+        if cache is None:
+            cache = self.new_cache()      # a whole prefill is the chunk of an empty cache
+        else:
+            self._check_chunk_cache(cache, x)
+        t0 = cache.length
+        q, kv, gates = self.project(x, start=t0)
+        y, new_cmp = self._attend_chunk(q, kv, gates, branches, cache, t0)
         for name, (kb, vb) in cache.raw.items():
-            kb.append(kv[name][0])
-            vb.append(kv[name][1])
-        for buf, x_cmp in zip(cache.cmp, self.compress(*kv[self._kv_name("cmp")]), strict=True):
-            buf.append(x_cmp)
-        cache.length = x.shape[1]
+            kb.append(kv[name][0].detach())
+            vb.append(kv[name][1].detach())
+        for buf, x_cmp in zip(cache.cmp, new_cmp, strict=True):
+            buf.append(x_cmp.detach())
+        cache.length = t0 + x.shape[1]
         if x.is_cuda:
             # Made here, not at the first step: a step captured in a CUDA graph then neither
             # allocates nor zeroes it (decode_counts; steps leave it zero).
             self._decode_counts(cache, x.shape[0], x.device)
         return y, cache
+
+    def _check_chunk_cache(self, cache: NSACache, x: Tensor) -> None:
+        """A cache a chunk may continue: this layer's layout, the chunk's B sequences, its device."""
+        self._check_cache(cache)
+        held = next((kb.data for kb, _ in cache.raw.values() if kb.data is not None), None)
+        if held is None:
+            return
+        if held.shape[0] != x.shape[0]:
+            raise ValueError(f"this cache holds B={held.shape[0]} sequences, got a chunk of B={x.shape[0]}; continue "
+                             "every sequence of the cache together, or make one cache per batch (new_cache() or prefill())")
+        if held.device != x.device:
+            raise ValueError(f"this cache is on {held.device}, got a chunk on {x.device}; move the chunk to the "
+                             "cache's device")
+
+    def _attend_chunk(self, q: Tensor, kv: Mapping[str, tuple[Tensor, Tensor]], gates: Tensor,
+                      branches: Sequence[str], cache: NSACache, t0: int) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """The chunk's output `[B, T, dim]` over the cached tokens and its own, and the compressed
+        tokens completed inside the chunk (for the cache). Reads the cache, changes nothing. With
+        an empty cache (`t0 = 0`) this is `attend`'s path on the chunk's projections alone."""
+        c = self.config
+        held = next(kb.data for kb, _ in cache.raw.values() if kb.data is not None) if t0 else None
+        if held is not None and held.dtype != q.dtype:
+            raise ValueError(f"this cache holds {held.dtype} K/V, got a chunk projecting to {q.dtype}; run the chunk "
+                             "in the dtype the cache was filled in")
+        n_old = n_compressed(t0, c.cmp_block, c.cmp_stride)
+        n_held = cache.k_cmp.shape[1] if cache.k_cmp is not None else 0
+        if n_held != n_old:
+            raise ValueError(f"this cache holds {n_held} compressed tokens for {t0} raw ones, expected {n_old}; the "
+                             "cache was changed outside the layer: make it with new_cache(), prefill() and step()")
+        sel_name, win_name, cmp_name = (self._kv_name(b) for b in ("sel", "win", "cmp"))
+        sel = _joined(cache, kv, sel_name, t0)                         # every token so far
+        keep_w = min(c.window - 1, t0)                                 # what query t0 reads before itself
+        win = _joined(cache, kv, win_name, keep_w, sel if win_name == sel_name else None, t0)
+        # The compressed tokens completed inside the chunk start at n_old * d: their raw tokens
+        # before the chunk (at most l - 1) are still in the cache.
+        raw = _joined(cache, kv, cmp_name, t0 - n_old * c.cmp_stride, sel if cmp_name == sel_name else None, t0)
+        new_cmp = self.compress(*raw)
+        kc = vc = None
+        if {"cmp", "sel"} & set(branches):
+            kc, vc = (torch.cat([old, new], 1) if n_old else new for old, new in zip((cache.k_cmp, cache.v_cmp),
+                                                                                    new_cmp, strict=True))
+        grad = self._grad_of(q, kv, gates)
+        o = self._attend_at(q, gates, branches, t0, sel, win, t0 - keep_w, kc, vc, grad)
+        return self._out(o), new_cmp
 
     def _decode_counts(self, cache: NSACache, batch: int, device: torch.device) -> None:
         """`cache.dec_counts` for the fused decode step of `batch` sequences, made once by the first
@@ -457,6 +627,19 @@ class NSAAttention(nn.Module):
         cache.cmp[1].append(nv)
 
 
+def _joined(cache: NSACache, kv: Mapping[str, tuple[Tensor, Tensor]], name: str, last: int,
+            whole: tuple[Tensor, Tensor] | None = None, t0: int = 0) -> tuple[Tensor, Tensor]:
+    """The chunk's K/V of `kv[name]` after the `last` tokens before it: from `whole` (every token
+    so far, `t0` of them cached) when given, else read from the cache's buffer `name` and joined."""
+    k, v = kv[name]
+    if last == 0:
+        return k, v
+    if whole is not None:
+        return whole[0][:, t0 - last:], whole[1][:, t0 - last:]
+    kb, vb = cache.raw[name]
+    return torch.cat([kb.view(last), k], 1), torch.cat([vb.view(last), v], 1)
+
+
 def _selected_decode(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, t: int, sel_block: int,
                      scale: float) -> tuple[Tensor, Tensor]:
     """Gather only the selected blocks' tokens of each KV group and attend over those `<= t`.
@@ -485,7 +668,8 @@ def _selected_decode(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, t: int, sel_b
 def _check_input(x: Tensor, c: NSAConfig) -> None:
     if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != c.dim:
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise ValueError(f"x must be [B, T, dim={c.dim}], got {shape}")
+        raise ValueError(f"x must be [B, T, dim={c.dim}], got {shape}; pass the hidden states of this layer's "
+                         "width, one row per sequence")
     if x.shape[0] < 1 or x.shape[1] < 1:
         raise ValueError(f"x must hold at least one sequence of at least one token, got [B, T, dim] = "
                          f"{tuple(x.shape)}; skip empty batches and prompts before the layer")
@@ -493,4 +677,5 @@ def _check_input(x: Tensor, c: NSAConfig) -> None:
 
 def _check_branches(branches: Sequence[str]) -> None:
     if isinstance(branches, str) or any(b not in BRANCHES for b in branches):
-        raise ValueError(f"branches must be a sequence of names among {BRANCHES}, got {branches!r}")
+        raise ValueError(f"branches must be a sequence of names among {BRANCHES}, got {branches!r}; pass a tuple "
+                         "such as ('cmp', 'sel', 'win') (all three, the default) or ('win',)")

@@ -13,7 +13,10 @@ def pytest_configure(config: pytest.Config) -> None:
     except ImportError:  # ci/ tests run without torch too
         return
     torch.set_num_threads(1)
-    if not torch.cuda.is_available():
+    from tests.nsa import helpers
+
+    helpers.DEV = "cuda" if torch.cuda.is_available() else "cpu"
+    if helpers.DEV == "cpu":
         # Own Triton kernels run on CPU through Triton's interpreter (read when kernels are defined).
         os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -5,7 +5,17 @@ line that names the cause and the fix (`...; <fix>`), no traceback, and no file 
 changed anywhere in the test's folder. The cases are generated: every bad results file goes to
 every subcommand that reads results, every bad config to every reader of configs, and so on.
 The OS faults (an unwritable folder, a file where a folder must be, a symlinked output folder, a
-full disk) go to every subcommand that writes.
+full disk) go to every subcommand that writes; a link in a folder that is published (the report
+folder, the trend charts copied into it) to the stage that would publish it.
+
+Two classes answer otherwise, as documented:
+- A bad record in the history store (NSA_HISTORY_DIR) never blocks a run (docs/pipeline.md,
+  "Bad records heal instead of blocking"): every reader of the store exits 0 with one `warning:`
+  line that names the record, the cause and what happens to it; the record's bytes are never
+  changed (a saved run moves it whole to quarantine/<model>/, a dry run leaves it), and nothing
+  else that was there changes. A run whose own results are dated in the future is bad input (exit 2).
+- Misuse of the library (`NSAAttention`, `NSAConfig`, `nsa.ops`) raises ValueError with one line
+  and the fix, before it changes the layer's weights or the cache it was given.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import pytest
 
 from bench import results
 from bench.cli import main as bench_main
+from ci import history
 from ci.__main__ import main as ci_main
 from tests.ci import fixtures as fx
 
@@ -88,6 +99,7 @@ BAD_RESULTS: dict[str, Callable[[], bytes]] = {
     "ok_without_timing": lambda: json.dumps(_edit(_set("timing", None))()).encode(),
     "id_number": lambda: json.dumps(_edit(_set("id", 7))()).encode(),
     "deep_nesting": lambda: b"[" * 100000,
+    "created_at_yesterday": lambda: json.dumps(_edit(lambda d: d["run"].update(created_at="yesterday"))()).encode(),
 }
 
 VALID_CONFIG = fx.pristine_config_text()
@@ -175,6 +187,8 @@ class Case:
     setup: Callable[[Path], None] = lambda tmp: None
     fault: str = ""  # "full-disk": run in a subprocess with no room to write; "read-only": ro/ is not writable
     env: Callable[[Path], dict[str, str]] = lambda tmp: {}  # environment values set for the run
+    record: str = ""  # a bad history record (path under store/) the run must skip and heal, not exit 2 on
+    saved: bool = True  # with `record`: the run saves itself, so the record moves to quarantine/
 
 
 def _write(name: str, data: bytes) -> Callable[[Path], None]:
@@ -322,6 +336,90 @@ def _env_cases() -> list[Case]:
     return cases
 
 
+SLUG = history.gpu_slug(fx.machine()["gpu_name"])
+
+
+def _earlier_record() -> Doc:
+    """A good history record of an earlier run of the same GPU model (its own run id, date and results)."""
+    doc = _good_results()
+    doc["run"].update(id="run-0000", created_at="2025-02-28T12:00:00Z")
+    return json.loads(history.dumps(history.build_record(doc)))
+
+
+def _record(change: Callable[[Doc], Any]) -> Callable[[], bytes]:
+    def make() -> bytes:
+        doc = _earlier_record()
+        change(doc)
+        return json.dumps(doc).encode()
+    return make
+
+
+# name -> (the file's name in the model's folder, its bytes; None: a folder of that name)
+BAD_RECORDS: dict[str, tuple[str, Callable[[], bytes | None]]] = {
+    "truncated": ("run-0000.json", lambda: _record(lambda d: None)()[:200]),
+    "not_utf8": ("run-0000.json", lambda: b"\xff" + _record(lambda d: None)()),
+    "json_list": ("run-0000.json", lambda: b"[]"),
+    "wrong_schema": ("run-0000.json", _record(lambda d: d.update(schema="nsa-history/0"))),
+    "missing_cases": ("run-0000.json", _record(lambda d: d.pop("cases"))),
+    "nan_median": ("run-0000.json", _record(lambda d: d["cases"][0].update(median_ms=float("nan")))),
+    "dated_2999": ("run-0000.json", _record(lambda d: d["run"].update(created_at="2999-01-01T00:00:00Z"))),
+    "dated_yesterday": ("run-0000.json", _record(lambda d: d["run"].update(created_at="yesterday"))),
+    "another_model": ("run-0000.json", _record(lambda d: d.update(gpu="nvidia-h200"))),
+    "renamed_copy": ("copy.json", _record(lambda d: None)),  # beside the good run-0000.json it copies
+    "a_folder": ("run-0000.json", lambda: None),
+}
+# Readers of the store: {id: (argv, whether the run saves itself)}; the decision history rewrites is h/d.json.
+STORE_READERS: dict[str, tuple[Callable[[Path], list[str]], bool]] = {
+    "ci-history": (lambda t: ["history", "--results", str(t / "good.json"), "--decision", str(t / "h" / "d.json"),
+                              "--config", str(t / "good.yaml"), "--out-dir", str(t / "h" / "out")], True),
+    "ci-history-dry-run": (lambda t: ["history", "--results", str(t / "good.json"), "--decision",
+                                      str(t / "h" / "d.json"), "--config", str(t / "good.yaml"), "--out-dir",
+                                      str(t / "h" / "out"), "--dry-run"], False),
+    "ci-pipeline": (lambda t: ["pipeline", "--results", str(t / "good.json"), "--config", str(t / "good.yaml"),
+                               "--out-dir", str(t / "run")], True),
+}
+
+
+def _bad_record(name: str) -> Callable[[Path], None]:
+    file, make = BAD_RECORDS[name]
+
+    def setup(tmp: Path) -> None:
+        _copy_decision("h")(tmp)
+        folder = tmp / "store" / "history" / SLUG
+        folder.mkdir(parents=True)
+        if name == "renamed_copy":
+            (folder / "run-0000.json").write_bytes(make())
+        data = make()
+        (folder / file).mkdir() if data is None else (folder / file).write_bytes(data)
+    return setup
+
+
+def _history_record_cases() -> list[Case]:
+    """Every bad record to `ci history` (which saves the run, so the record moves to quarantine/); one also
+    to a dry run (which leaves it) and to `ci pipeline` (every record goes through the same reader). And
+    a run whose own results are dated in the future: exit 2."""
+    store = lambda t: {"NSA_HISTORY_DIR": str(t / "store")}  # noqa: E731
+    cases = []
+    for name, (file, _) in BAD_RECORDS.items():
+        readers = ["ci-history"] + (["ci-history-dry-run", "ci-pipeline"]
+                                    if name == "dated_2999" else [])
+        for reader in readers:
+            argv, saved = STORE_READERS[reader]
+            cases.append(Case(f"{reader}-record-{name}", "ci", argv, _bad_record(name), env=store,
+                              record=f"history/{SLUG}/{file}", saved=saved))
+    future = _write_made("bad.json", lambda: json.dumps(_edit(lambda d: d["run"].update(
+        created_at="2999-01-01T00:00:00Z"))()).encode())
+    cases += [
+        Case("ci-history-results-dated-2999", "ci", lambda t: [
+            "history", "--results", str(t / "bad.json"), "--decision", str(t / "decision.json"), "--config",
+            str(t / "good.yaml"), "--out-dir", str(t / "out")], future, env=store),
+        Case("ci-pipeline-results-dated-2999", "ci", lambda t: [
+            "pipeline", "--results", str(t / "bad.json"), "--config", str(t / "good.yaml"), "--out-dir",
+            str(t / "run")], future, env=store),
+    ]
+    return cases
+
+
 def _writers(out: Callable[[Path], Path]) -> dict[str, tuple[str, Callable[[Path], list[str]]]]:
     """Every subcommand that writes, with its output under `out(tmp)`: `{id: (cli, argv)}`. The
     history store of `ci history` and `ci pipeline` lies under it too, so that it is checked as well."""
@@ -376,6 +474,16 @@ def _os_fault_cases() -> list[Case]:
     broken = _link("link", "gone")
     for name, cli_argv in _writers(lambda t: t / "link").items():
         cases.append(Case(f"{name}-out-is-a-broken-symlink", *cli_argv, broken))
+    # A link in a folder that is published: the report folder `ci pr` commits, the trend charts `ci
+    # report` copies into it. A symlink or a hard link there would publish the file it names.
+    pr = lambda t: ["pr", "--decision", str(t / "decision.json"), "--report-dir", str(t / "report"),  # noqa: E731
+                    "--config", str(t / "good.yaml"), "--out-dir", str(t / "out"), "--dry-run"]
+    report = lambda t: ["report", "--decision", str(t / "decision.json"), "--trends", str(t / "trends"),  # noqa: E731
+                        "--out-dir", str(t / "out")]
+    for kind in ("symlink", "hard-link"):
+        cases += [Case(f"ci-pr-report-dir-holds-a-{kind}", "ci", pr, _secret_link("report/speedup_win.png", kind)),
+                  Case(f"ci-report-trends-hold-a-{kind}", "ci", report,
+                       _secret_link("trends/trend_prefill_T16384.png", kind))]
     # The path that is a file, for the folders `ci history` writes besides its --out-dir.
     cases += [
         Case("ci-history-history-dir-is-a-file", "ci", lambda t: [
@@ -391,6 +499,16 @@ def _os_fault_cases() -> list[Case]:
             str(t / "run"), "--history-dir", str(t / "good.yaml")]),
     ]
     return cases
+
+
+def _secret_link(name: str, kind: str) -> Callable[[Path], None]:
+    """`name` (under the test's folder) as a symlink or a hard link to secret.txt, a file outside it."""
+    def setup(tmp: Path) -> None:
+        secret = tmp / "secret.txt"
+        secret.write_text("GITHUB_TOKEN=ghs_not_a_real_token\n", encoding="utf-8")
+        (tmp / name).parent.mkdir(exist_ok=True)
+        (tmp / name).symlink_to(secret) if kind == "symlink" else os.link(secret, tmp / name)
+    return setup
 
 
 def _link(name: str, to: str) -> Callable[[Path], None]:
@@ -448,7 +566,8 @@ def _snapshot(root: Path) -> dict[str, str]:
 
 
 GOOD_DECISION_PLACEHOLDER = "decision.json"
-CASES = _results_cases() + _config_cases() + _flag_cases() + _os_fault_cases() + _env_cases()
+CASES = (_results_cases() + _config_cases() + _flag_cases() + _os_fault_cases() + _env_cases()
+         + _history_record_cases())
 # The same order as _decision_cases builds them (that needs the real decision, made in a fixture).
 DECISION_CASE_IDS = ([f"ci-report-decision-{n}" for n in BAD_DECISIONS]
                      + [f"ci-pr-decision-{n}" for n in {**BAD_DECISIONS, **BAD_FOR_PR}])
@@ -468,6 +587,10 @@ def _run(case: Case, tmp: Path, good_decision: Doc, monkeypatch: pytest.MonkeyPa
         monkeypatch.setenv(name, value)
     if case.fault == "read-only":
         _read_only(tmp, monkeypatch)
+    if case.record:  # the run goes on; its trend charts (most of its time) say nothing about the record
+        from ci import trends
+
+        monkeypatch.setattr(trends, "write_trends", lambda *a, **k: [])
     before = _snapshot(tmp)
     main = ci_main if case.cli == "ci" else bench_main
     if case.fault == "full-disk":
@@ -478,12 +601,37 @@ def _run(case: Case, tmp: Path, good_decision: Doc, monkeypatch: pytest.MonkeyPa
         except SystemExit as exc:  # argparse rejects a flag's value
             rc = exc.code
         err = capsys.readouterr().err
+    if case.record:
+        _check_healed(case, tmp, before, rc, err)
+        return
     assert rc == 2, f"exit {rc}, stderr:\n{err}"
     assert "Traceback" not in err
     errors = [line for line in err.splitlines() if "error:" in line]
     assert len(errors) == 1, f"want one error line, got:\n{err}"
     assert "; " in errors[0].split("error:", 1)[1], f"the error must say how to fix it: {errors[0]}"
     assert _snapshot(tmp) == before, "a rejected input must leave every file as it was"
+
+
+def _check_healed(case: Case, tmp: Path, before: dict[str, str], rc: int | str | None, err: str) -> None:
+    """A bad record is skipped with one warning and healed, never an error: see the module docstring."""
+    assert rc == 0, f"a bad history record must not stop the run, got exit {rc}, stderr:\n{err}"
+    assert "Traceback" not in err and "error:" not in err, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, f"want one warning line, got:\n{err}"
+    assert warnings[0].startswith(f"warning: {case.record} ") and "; skipped, and moved to quarantine/" in warnings[0]
+    after = _snapshot(tmp)
+    kept = f"store/{case.record}"
+    moved = f"store/{history.quarantine_path(case.record)}"
+    for path, digest in before.items():
+        if path == "h/d.json":
+            continue  # the decision `ci history` rewrites, as it does for every run
+        if path == kept or path.startswith(kept + "/"):
+            where = moved + path[len(kept):] if case.saved else path
+            assert after.get(where) == digest, f"the bad record must stay byte for byte, at {where}"
+        else:
+            assert after.get(path) == digest, f"{path} changed"
+    new_records = {p for p in after if p.startswith(f"store/history/{SLUG}/") and p not in before}
+    assert new_records == ({f"store/history/{SLUG}/run-0001.json"} if case.saved else set())
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -527,3 +675,129 @@ def test_the_good_inputs_pass(tmp_path: Path, good_decision: Doc, monkeypatch: p
     assert ci_main(["pr", "--decision", str(t / "decision.json"), "--report-dir", str(t / "report"), "--config",
                     str(t / "good.yaml"), "--out-dir", str(t / "pr"), "--dry-run"]) == 0
     assert bench_main(["merge", str(t / "good.json"), "--out", str(t / "m.json")]) == 0
+
+
+# --- misuse of the library: ValueError with one line and the fix, nothing changed -----------------
+
+@dataclass(frozen=True)
+class Misuse:
+    id: str
+    call: Callable[[Any, Any, Any], object]  # (layer, its prefilled cache, x) -> must raise
+
+
+def _config(**change: Any) -> Any:
+    from nsa import NSAConfig
+
+    base = dict(dim=32, n_heads=4, n_kv_heads=2, head_dim_qk=16, head_dim_v=16, cmp_block=8, cmp_stride=4,
+                sel_block=16, sel_count=3, window=16)
+    return NSAConfig(**{**base, **change})
+
+
+def _layer(**change: Any) -> Any:
+    from nsa import NSAAttention
+
+    return NSAAttention(_config(**change))
+
+
+def _other_projections(layer: Any, x: Any, **change: Any) -> Any:
+    """q and gates of `layer`, with K/V from `layer`'s own projections changed by `change` (a callable on kv)."""
+    q, kv, gates = layer.project(x)
+    return q, change["kv"](kv), gates
+
+
+def _misuses() -> list[Misuse]:
+    import torch
+
+    from nsa import NSACache, ops
+
+    step = lambda m, cache, x: m.step(x[:, :1], cache)  # noqa: E731
+    cases = [Misuse(f"cache-of-a-layer-with-{k}-{v}", lambda m, c, x, k=k, v=v: step(_layer(**{k: v}), c, x))
+             for k, v in (("n_kv_heads", 1), ("window", 32), ("kv", "shared"), ("head_dim_v", 8))]
+    cases += [
+        Misuse("decode-attend-on-a-cache-of-another-layout", lambda m, c, x: _layer(window=32).decode_attend(
+            torch.randn(1, 1, 4, 16), torch.rand(1, 1, 4, 3), c)),
+        Misuse("a-hand-made-cache", lambda m, c, x: m.step(x[:, :1], NSACache())),
+        Misuse("a-step-of-another-batch-size", lambda m, c, x: m.step(torch.randn(2, 1, 32), c)),
+        Misuse("decode-attend-of-two-tokens", lambda m, c, x: m.decode_attend(
+            torch.randn(1, 2, 4, 16), torch.rand(1, 2, 4, 3), c)),
+    ]
+    cases += [Misuse(f"config-scale-{v}", lambda m, c, x, v=v: _config(scale=v))
+              for v in (float("inf"), float("nan"), -1.0, 0.0, True)]
+    cases += [Misuse(f"config-{k}-{v}", lambda m, c, x, k=k, v=v: _config(**{k: v}))
+              for k, v in (("sel_count", 10**9), ("sel_count", 2_000_000), ("window", 0), ("kv", "both"),
+                           ("phi", "max"), ("n_kv_heads", 3))]
+    cases.append(Misuse("select-blocks-sel_count-10**9", lambda m, c, x: ops.select_blocks(
+        torch.randn(1, 20, 4, 16), torch.randn(1, 4, 2, 16), block=8, stride=4, sel_block=16, sel_count=10**9)))
+    for shape in ((1, 0, 32), (0, 5, 32), (1, 5, 16)):
+        name = "x".join(map(str, shape))
+        cases += [Misuse(f"forward-of-{name}", lambda m, c, x, s=shape: m(torch.randn(*s))),
+                  Misuse(f"prefill-of-{name}", lambda m, c, x, s=shape: m.prefill(torch.randn(*s)))]
+    for branches in (("foo",), "cmp", ("cmp", "window")):
+        cases += [Misuse(f"forward-branches-{branches!r}", lambda m, c, x, b=branches: m(x, branches=b)),
+                  Misuse(f"step-branches-{branches!r}", lambda m, c, x, b=branches: m.step(x[:, :1], c, branches=b))]
+    shared = lambda kv: _layer(kv="shared").project(torch.randn(1, 20, 32))[1]  # noqa: E731
+    cases += [
+        Misuse("attend-with-kv-of-a-shared-layer", lambda m, c, x: m.attend(*_other_projections(
+            m, x, kv=lambda kv: shared(kv)))),
+        Misuse("plan-with-kv-of-a-shared-layer", lambda m, c, x: m.plan(m.project(x)[0], shared(None))),
+        Misuse("attend-with-v-of-dv-8", lambda m, c, x: m.attend(*_other_projections(
+            m, x, kv=lambda kv: {**kv, "sel": (kv["sel"][0], kv["sel"][1][..., :8])}))),
+        Misuse("attend-with-k-of-1-kv-head", lambda m, c, x: m.attend(*_other_projections(
+            m, x, kv=lambda kv: {**kv, "win": (kv["win"][0][:, :, :1], kv["win"][1])}))),
+    ]
+    return cases
+
+
+MISUSES = _misuses()
+
+
+def _state(obj: Any, seen: dict[int, Any] | None = None) -> Any:
+    """Every tensor and number reachable from `obj` (a layer's state dict, a cache and what it holds), copied."""
+    import torch
+
+    seen = {} if seen is None else seen  # id -> the object, held so that no id is reused while walking
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, (int, float, str, bool, type(None))):
+        return obj
+    if id(obj) in seen:
+        return "<seen>"
+    seen[id(obj)] = obj
+    if isinstance(obj, dict):
+        return {k: _state(v, seen) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_state(v, seen) for v in obj]
+    return {k: _state(v, seen) for k, v in vars(obj).items()} if hasattr(obj, "__dict__") else repr(obj)
+
+
+def _same(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        # Bit for bit: a cache's buffers hold uninitialised memory past its length, NaN included.
+        def bits(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().contiguous().reshape(-1).view(torch.uint8)
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(torch.equal(bits(a), bits(b))))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b or (a != a and b != b)  # NaN equals NaN here
+
+
+@pytest.mark.parametrize("misuse", MISUSES, ids=[m.id for m in MISUSES])
+def test_module_misuse_raises_one_line_with_the_fix_and_changes_nothing(misuse: Misuse) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    layer = _layer()
+    x = torch.randn(1, 20, 32)
+    with torch.no_grad():
+        _, cache = layer.prefill(x)
+        before = (_state(layer.state_dict()), _state(cache))
+        with pytest.raises(ValueError) as info:
+            misuse.call(layer, cache, x)
+    text = str(info.value)
+    assert "\n" not in text and "; " in text, f"want one line with the fix: {text!r}"
+    assert _same((_state(layer.state_dict()), _state(cache)), before), "a refused call must change nothing"

@@ -12,7 +12,8 @@ from types import ModuleType
 
 from bench.cases import Cell, expand
 
-SUITES = ("fa2", "triton", "masked", "decode", "prefill", "calibration", "fast", "auto", "train")
+SUITES = ("fa2", "triton", "masked", "decode", "prefill", "calibration", "fast", "auto", "train", "serve",
+          "serve_prefill")
 # The suites whose cells decide thresholds (fa2: fa2_*, triton: triton_*), plus the A/A noise floor.
 DEFAULT_SUITES = ("fa2", "triton", "calibration")
 

@@ -41,11 +41,13 @@ Every use of the decode API (new_cache / project / step / decode_attend / reads)
 from __future__ import annotations
 
 import csv
+import io
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from bench.cases import CaseSpec, Cell, Variant, Workload, product
+from ci import atomic
 
 BRANCHES = ("cmp", "sel", "win")
 DENSE = ("sdpa_flash", "sdpa_cudnn", "fa3")
@@ -505,10 +507,11 @@ def write_csv(cases: Iterable[dict[str, Any]], path: str | Path) -> int:
                                  ("speedup_attend", "speedup_attend_vs_dense")):
                 if name in found:
                     rows[key][column] = f"{found[name]:.6g}"
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=[*CSV_COLUMNS, *LAYOUT_COLUMNS, *EXTRA_COLUMNS], restval="")
-        writer.writeheader()
-        writer.writerows(rows.values())
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=[*CSV_COLUMNS, *LAYOUT_COLUMNS, *EXTRA_COLUMNS], restval="")
+    writer.writeheader()
+    writer.writerows(rows.values())
+    # Atomic (ci.atomic: a temporary file, then a rename): a reader never sees half a table, and an
+    # existing file, or a hard link to one, is replaced rather than written through.
+    atomic.write_text(path, text.getvalue())
     return len(rows)

@@ -14,7 +14,7 @@ sed -i 's/window_size=(window - 1, 0)/window_size=(window, 0)/' $f; run "window 
 sed -i 's/and q.shape\[1\] == k.shape\[1\] //' $f; run "no length check"
 sed -i 's/(q.shape\[-1\], v.shape\[-1\]) in _DIMS/True/' $f; run "no dims check"
 sed -i 's/and q.dtype in DTYPES //' $f; run "no dtype check"
-sed -i 's/return device.type != "cuda" or _capability(device) == (9, 0)/return True/' $f; run "always hopper"
+sed -i 's/return device.type != "cuda" or profiles.profile_for(device).features.fa4/return True/' $f; run "fa4 on every GPU"
 sed -i 's/    if not hasattr(mod, "flash_attn_func"):/    if False:/' $f; run "no attr check"
 sed -i 's/        warnings.filterwarnings("ignore"/        (lambda *a, **k: None)("ignore"/' $f; run "no warning filter"
 diff $f /tmp/fa4_win.bak && echo restored

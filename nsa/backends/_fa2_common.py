@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from nsa import profiles
 from nsa.backends import AttnCall
 from nsa.masks import cmp_query_buckets
 
@@ -22,9 +23,9 @@ def unsupported_reason(call: AttnCall) -> str | None:
         return f"FA-2 runs on CUDA tensors only, got {q.device}"
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"FA-2 supports fp16/bf16 only, got {q.dtype}"
-    major, _ = torch.cuda.get_device_capability(q.device)
-    if major < 8:
-        return f"FA-2 needs compute capability >= 8.0, got {major}.x"
+    profile = profiles.profile_for(q.device)
+    if not profile.features.fa2:
+        return f"FA-2 needs compute capability >= 8.0 (Ampere or later), got {profile.thresholds}"
     if q.shape[-1] != v.shape[-1]:
         return f"FA-2 needs dk == dv, got dk={q.shape[-1]}, dv={v.shape[-1]} (no silent padding)"
     if q.shape[-1] % 8 or q.shape[-1] > 256:

@@ -29,8 +29,9 @@ def unavailable_reason(device: torch.device | str | None = None) -> str | None:
     if fa3_cmp.load() is None:
         return (f"the FA-3 wheel is not importable ({fa3_cmp.MODULE}); pip install fa3-fwd on an sm90 machine "
                 "(forward only: training plans never use it)")
-    if dev is not None and not fa3_cmp.hopper(dev):
-        return "fa3 runs on sm90 (Hopper) only: the wheel's FA-3 kernels are Hopper's"
+    if dev is not None and not fa3_cmp.enabled(dev):
+        return ("fa3 runs where the GPU profile has the fa3 feature (sm90, Hopper: the wheel's FA-3 kernels are "
+                "Hopper's); this device's profile has it off (nsa/profiles/)")
     from nsa.backends import triton_nsa
     return triton_nsa.unavailable_reason(device)   # a partial last step runs on the Triton kernel
 

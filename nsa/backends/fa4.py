@@ -26,8 +26,9 @@ def unavailable_reason(device: torch.device | str | None = None) -> str | None:
         return f"fa4 runs on CUDA tensors only, got {dev}"
     if fa4_win.load() is None:
         return f"FA-4 is not importable ({fa4_win.MODULE}); pip install flash-attn-4 on an sm90 machine"
-    if dev is not None and not fa4_win.hopper(dev):
-        return "fa4 runs on sm90 (Hopper) only here: the trade was measured there"
+    if dev is not None and not fa4_win.enabled(dev):
+        return ("fa4 runs where the GPU profile has the fa4 feature (sm90, Hopper: the trade was measured there); "
+                "this device's profile has it off (nsa/profiles/)")
     return None
 
 

@@ -12,6 +12,7 @@ import functools
 import torch
 from torch import Tensor
 
+from nsa import profiles
 from nsa.backends import OPS, AttnCall, caps, shape_cached
 from nsa.masks import cmp_visible_count, positions, selected_block_onehot
 
@@ -39,9 +40,10 @@ def unsupported_reason(call: AttnCall) -> str | None:
         # Seen on an H100 (sliding and compressed, dk 32 / dv 16): the compiled kernel fails inside
         # torch.compile with a dynamo traceback instead of an error naming the head dims.
         return f"FlexAttention's compiled kernel needs equal q/k and v head dims, got dk {dk} != dv {dv}"
-    if call.q.device.type == "cuda" and max(dk, dv) > 128:
-        # Seen in this repo's parity suite (H200, torch 2.11): head dim 192 failed in the compiled kernel.
-        return f"FlexAttention's compiled kernel is limited to head dims <= 128 here, got {dk}/{dv}"
+    limit = profiles.profile_for(call.q.device).features.flex_max_head_dim if call.q.device.type == "cuda" else 0
+    if limit and max(dk, dv) > limit:
+        # A per-GPU limit (shared memory): the GPU profile's flex_max_head_dim (nsa/profiles/).
+        return f"FlexAttention's compiled kernel is limited to head dims <= {limit} on this GPU, got {dk}/{dv}"
     return None
 
 

@@ -121,7 +121,12 @@ def masked_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float
     has it already (cached masks), so the per-call cost is SDPA's alone.
     """
     if k.shape[1] == 0:
-        return q.new_zeros(*q.shape[:3], v.shape[-1])
+        # No key (a compressed branch before its first complete block): exactly 0, from products
+        # over the empty key axis, so an output that must carry gradients does (a fresh zeros
+        # tensor was cut from autograd: training on a sequence shorter than l raised).
+        group = q.shape[2] // k.shape[2]
+        kk, vv = (x.transpose(1, 2).repeat_interleave(group, dim=1) for x in (k, v))
+        return (q.transpose(1, 2) @ kk.transpose(-1, -2) @ vv).transpose(1, 2)
     mask, empty = fixed if fixed is not None else fix_empty_rows(mask)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale,

@@ -16,9 +16,9 @@ scores, top-n, sliding).
     decode_step(q, gates, caches..., t=...)             a whole decode step (all branches, gated), 4 launches
     decode_counts(groups, device)                       the per-group counts a cache keeps for decode_step
 
-Launch parameters: a frozen `Tiles` per GPU profile (`tiles(profile)`, `profile_for(device)`:
-`sm90` for an H100, `cpu` under the interpreter). Every function above that launches kernels
-takes `tiles=` (None: `use_tiles(...)`'s override if one is active, else the device's profile).
+Launch parameters: the frozen `Tiles` of the device's GPU profile (nsa/profiles/: `sm90` for an
+H100, `cpu` under the interpreter; `tiles(name)` by name). Every function above that launches
+kernels takes `tiles=` (None: `use_tiles(...)`'s override if one is active, else the profile's).
 
 A call that needs gradients (`AttnCall.grad`) runs the training kernels instead
 (`triton_kernels/train.py` through the custom ops of `triton_kernels/autograd.py`): the forward
@@ -40,15 +40,7 @@ import torch
 from torch import Tensor
 
 from nsa.backends import OPS, AttnCall, caps
-from nsa.backends.triton_kernels.tiles import (
-    PROFILES,
-    Tiles,
-    current,
-    interpreting,
-    profile_for,
-    tiles,
-    use_tiles,
-)
+from nsa.backends.triton_kernels.tiles import Tiles, current, interpreting, tiles, use_tiles
 
 try:
     import triton
@@ -64,8 +56,8 @@ if triton is not None:
     from nsa.backends.triton_kernels import sliding as _win
     from nsa.backends.triton_kernels import topn as _topn
 
-__all__ = ["PROFILES", "Tiles", "beside", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_counts", "decode_step",
-           "decode_unsupported_reason", "distinct_blocks", "kernels_interpreted", "profile_for", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
+__all__ = ["Tiles", "beside", "compressed", "compressed_and_scores", "compressed_select", "current_tiles", "decode_counts", "decode_step",
+           "decode_unsupported_reason", "distinct_blocks", "kernels_interpreted", "selected", "selected_gated", "sliding", "sliding_decode", "tiles", "topn", "unavailable_reason",
            "unsupported_reason", "use_tiles"]
 
 CAPABILITIES = caps(backward=OPS, fusions=("scores", "train_scores", "gated", "beside", "decode_step"))
@@ -403,7 +395,9 @@ def decode_unsupported_reason(q: Tensor, *, t: int, dv: int, block: int, stride:
 
 def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: Tensor, v_sel: Tensor, k_win: Tensor,
                 v_win: Tensor, *, t: int, block: int, stride: int, sel_block: int, sel_count: int, window: int,
-                scale: float, tiles: Tiles | None = None, counts: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                scale: float, tiles: Tiles | None = None, counts: Tensor | None = None, pos: Tensor | None = None,
+                page_table: Tensor | None = None, page_size: int = 0, win_layout: str | None = None,
+                idx: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One decode step of the whole layer: `g_cmp * o_cmp + g_sel * o_sel + g_win * o_win`
     `[B, 1, Hq, dv]` for the query `q [B, 1, Hq, dk]` at position `t`, and its selected blocks
     `[B, 1, Hkv, sel_count]` (int32, ascending, -1 padded), in four launches (decode.py).
@@ -413,33 +407,49 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     [B, nw, Hkv, *]` holding positions `t+1-nw .. t` (`1 <= nw <= window`); gates `[B, 1, Hq, 3]`.
     `counts`: the step's per-group counts from `decode_counts` (zero, and left zero by the step),
     kept by the caller across steps so that no step zeroes them; None: a fresh buffer per step.
+
+    Serving (nsa.serving): `pos` (int32 `[B]` on the device) puts each sequence's query at its own
+    position, `t` then bounds them all (the launch shapes depend on t alone, so a CUDA graph of the
+    step replays at any positions up to it); the window is then a ring (`win_layout="ring"`,
+    `[B, W >= window, Hkv, *]`, position p at row p % W) or the raw cache's pages (`"pages"`).
+    `page_table` (int32 `[B, pages]`) and `page_size` (a multiple of `sel_block`): `k_sel/v_sel`
+    are a page pool `[n_pages, page_size, Hkv, *]`. `idx`: the selected blocks, given (an
+    external indexer's; no top-n runs). decode.py's `decode_step` says more.
     """
     _require()
     tiles = _tiles(q, tiles)
+    serving = pos is not None
+    win_layout = win_layout or ("ring" if serving else "tail")
     why = decode_unsupported_reason(q, t=t, dv=v_sel.shape[-1] if v_sel.dim() == 4 else -1, block=block,
                                     stride=stride, sel_block=sel_block, tiles=tiles)
     if why is not None:
         raise ValueError(f"decode_step cannot run this step: {why}; use the separate ops (NSAAttention does)")
-    _check_qkv(q, k_sel, v_sel, "q, k_sel, v_sel")
     _check_qkv(q, k_cmp, v_cmp, "q, k_cmp, v_cmp")
-    _check_qkv(q, k_win, v_win, "q, k_win, v_win")
+    if page_table is None:
+        _check_qkv(q, k_sel, v_sel, "q, k_sel, v_sel")
+    if win_layout != "pages":
+        _check_qkv(q, k_win, v_win, "q, k_win, v_win")
     if not (k_sel.shape[2] == k_cmp.shape[2] == k_win.shape[2]) or not (
             v_sel.shape[-1] == v_cmp.shape[-1] == v_win.shape[-1]):
         raise ValueError(f"the three caches must share Hkv and dv, got k_sel {list(k_sel.shape)}, k_cmp "
                          f"{list(k_cmp.shape)}, k_win {list(k_win.shape)}, v dims {v_sel.shape[-1]}/"
                          f"{v_cmp.shape[-1]}/{v_win.shape[-1]}")
-    if t < 0 or k_sel.shape[1] < t + 1:
-        raise ValueError(f"k_sel/v_sel must hold positions 0 .. t = {t}, got {k_sel.shape[1]} tokens")
-    if window < 1 or not 1 <= k_win.shape[1] <= min(window, t + 1):
-        raise ValueError(f"the window cache must hold the last 1 .. min(window={window}, t+1) tokens, got "
-                         f"{k_win.shape[1]}")
+    if not serving:
+        if t < 0 or k_sel.shape[1] < t + 1:
+            raise ValueError(f"k_sel/v_sel must hold positions 0 .. t = {t}, got {k_sel.shape[1]} tokens")
+        if window < 1 or not 1 <= k_win.shape[1] <= min(window, t + 1):
+            raise ValueError(f"the window cache must hold the last 1 .. min(window={window}, t+1) tokens, got "
+                             f"{k_win.shape[1]}")
+    elif t < 0 or window < 1:
+        raise ValueError(f"t (the bound on every position) must be >= 0 and window >= 1, got {t}, {window}")
     if tuple(gates.shape) != (*q.shape[:3], 3):
         raise ValueError(f"gates must be [B, 1, Hq, 3], got {list(gates.shape)}")
     if block < 1 or stride < 1 or sel_count < 1:
         raise ValueError(f"block, stride and sel_count must be >= 1, got {block}, {stride}, {sel_count}")
     return _dec.decode_step(q, gates, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win, t=t, block=block, stride=stride,
                             sel_block=sel_block, sel_count=sel_count, window=window, scale=scale, tiles=tiles,
-                            counts=counts)
+                            counts=counts, pos=pos, page_table=page_table, page_size=page_size,
+                            win_layout=win_layout, idx=idx)
 
 
 def decode_counts(groups: int, device: torch.device | str) -> Tensor:

@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import cli, results, suites
+from tests.ci import fixtures as fx
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--device", "cpu", "--warmup", "1", "--rep", "2"]
@@ -52,3 +56,16 @@ def test_usage_errors_exit_2(capsys):
 def test_strip_options_for_shard_children():
     argv = ["run", "--out", "x.json", "--csv=d.csv", "--gpus", "4", "--size", "nightly"]
     assert cli._without(argv, ("--out", "--csv", "--gpus")) == ["run", "--size", "nightly"]
+
+
+def test_bench_merge_leaves_no_temp_file_on_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.cli import main as bench_main
+
+    shard = results.dump(fx.document(fx.sweep("sliding", {1024: 2.0})), tmp_path / "shard0.json")
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    # A full disk is an exit 2 with one line naming the file and the fix, not a traceback.
+    assert bench_main(["merge", str(shard), "--out", str(tmp_path / "all.json")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: the disk must have room for {str(tmp_path / 'all.json')!r}") and "; free" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard0.json"]

@@ -7,13 +7,14 @@ import torch
 
 from bench.suites import fast, prefill
 from nsa.backends import triton_nsa
+from tests.nsa.helpers import DEV
 
-pytestmark = pytest.mark.skipif(triton_nsa.unavailable_reason("cpu") is not None and not torch.cuda.is_available(),
+pytestmark = pytest.mark.skipif(triton_nsa.unavailable_reason("cpu") is not None and DEV == "cpu",
                                 reason="triton backend unavailable (CPU needs triton and TRITON_INTERPRET=1)")
 
 
 def test_fast_nsa_equals_plain_ops_nsa():
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = DEV
     g = torch.Generator(device=dev).manual_seed(7)
     p = {"block": 8, "stride": 4, "sel_block": 16, "sel_count": 4, "window": 24}
     b, t, hq, hkv, d = 1, 90, 4, 2, 16

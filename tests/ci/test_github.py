@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 from github import GithubRetry
+from urllib3 import HTTPResponse
 
-from ci.github import Secret, Target, connect
+from ci.github import MAX_WAIT_S, CappedRetry, Secret, Target, connect, production_retry
 from ci.pr_cmd import run_pr
 from tests.ci.fake_github import FakeGitHub, Pull
 
@@ -582,3 +583,51 @@ def test_a_closing_comment_lost_to_a_502_is_posted_again(run: Runner, fake: Fake
     rc, out, err = run(decision(win=(-1, -1)))
     assert rc == 0 and "outcome=closed" in out, err
     assert pr.state == "closed" and len(pr.comments) == 1 and "no longer needed" in pr.comments[0]
+
+
+# --- Retry-After waits: a long one fails fast, every wait is logged ------------------------------
+
+def test_retry_after_above_the_cap_fails_at_once() -> None:
+    from github.GithubException import RateLimitExceededExceedsMaxWait
+
+    retry = production_retry(log=lambda line: None)
+    start = time.monotonic()
+    with pytest.raises(RateLimitExceededExceedsMaxWait) as info:
+        retry.sleep(HTTPResponse(status=429, headers={"Retry-After": "3600"}))
+    assert time.monotonic() - start < 1 and info.value.wait == 3600
+    assert retry.max_rate_limit_wait == MAX_WAIT_S == 120
+
+
+def test_a_wait_below_the_cap_is_logged_then_slept(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    lines: list[str] = []
+    production_retry(log=lines.append).sleep(HTTPResponse(status=429, headers={"Retry-After": "7"}))
+    assert slept == [7] and len(lines) == 1 and "waiting 7 s (Retry-After, at most 120 s)" in lines[0]
+
+
+def test_new_retries_keep_the_log() -> None:
+    lines: list[str] = []
+    retry = CappedRetry(total=3, max_rate_limit_wait=5, log=lines.append).new(total=2)
+    assert isinstance(retry, CappedRetry) and retry.log == lines.append and retry.max_rate_limit_wait == 5
+
+
+def test_ci_pr_against_a_429_with_retry_after_3600_fails_fast_with_one_line(tmp_path: Path) -> None:
+    with FakeGitHub({"configs/base.yaml": BASE_CONFIG}, token=TOKEN) as fake:
+        fake.fail("GET", r"/pulls$", 429, message="slow down", headers={"Retry-After": "3600"}, times=5)
+        (tmp_path / "report").mkdir()
+        (tmp_path / "report" / "report.md").write_text("# r\n", encoding="utf-8")
+        (tmp_path / "d.json").write_text(json.dumps(decision()), encoding="utf-8")
+        import io
+
+        err = io.StringIO()
+        start = time.monotonic()
+        rc = run_pr(["--decision", str(tmp_path / "d.json"), "--report-dir", str(tmp_path / "report"),
+                     "--out-dir", str(tmp_path / "pr")],
+                    env={"GITHUB_API_URL": fake.api_url, "GITHUB_REPOSITORY": "octo/nsa", "GITHUB_TOKEN": TOKEN},
+                    out=io.StringIO(), err=err,
+                    connector=lambda target: connect(target, pace=False, timeout=5))
+        assert time.monotonic() - start < 20
+    text = err.getvalue().strip()
+    assert rc == 1 and "\n" not in text and TOKEN not in text
+    assert "GitHub asked to wait 3600 s before a retry, longer than this job waits; rerun after" in text

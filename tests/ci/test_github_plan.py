@@ -10,9 +10,24 @@ from typing import Any
 
 import pytest
 
+from bench import results
+from ci.__main__ import main
+from ci.github import connect
 from ci.pr_cmd import EXIT_INPUT, run_pr
-from ci.pr_plan import BODY_LIMIT, PlanError, ReportFile, build_plan, link_images, load_report, truncate_body
-from tests.ci.test_github import decision
+from ci.pr_plan import (
+    BODY_LIMIT,
+    DECISION_SCHEMA,
+    PlanError,
+    ReportFile,
+    build_plan,
+    link_images,
+    load_report,
+    truncate_body,
+    validate_decision,
+)
+from tests.ci import fixtures as fx
+from tests.ci.fake_github import FakeGitHub
+from tests.ci.test_github import BASE_CONFIG, TOKEN, decision
 
 
 def test_plan_fields() -> None:
@@ -137,7 +152,7 @@ def test_pr_is_a_registered_subcommand() -> None:
     assert args.dry_run and args.base is None
 
 
-@pytest.mark.parametrize("kind", ["symlink", "symlinked report", "fifo", "folder"])
+@pytest.mark.parametrize("kind", ["symlink", "symlinked report", "hard link", "hard-linked report", "fifo", "folder"])
 def test_load_report_refuses_anything_but_regular_files(tmp_path: Path, kind: str) -> None:
     """Issue 34, item 6: a link in the report folder to /proc/self/environ (the token) was committed
     to the thresholds branch as a PNG. Every file published must be a regular file of the folder itself."""
@@ -149,12 +164,108 @@ def test_load_report_refuses_anything_but_regular_files(tmp_path: Path, kind: st
     if kind == "symlinked report":
         (report / "report.md").symlink_to(secret)
         bad = report / "report.md"
+    elif kind == "hard-linked report":  # a second name of the secret file: a regular file, but not the folder's own
+        os.link(secret, report / "report.md")
+        bad = report / "report.md"
     else:
         (report / "report.md").write_text("# r\n")
         bad = report / "speedup_win.png"
-        {"symlink": lambda: bad.symlink_to(secret), "fifo": lambda: os.mkfifo(bad), "folder": bad.mkdir}[kind]()
+        {"symlink": lambda: bad.symlink_to(secret), "hard link": lambda: os.link(secret, bad),
+         "fifo": lambda: os.mkfifo(bad), "folder": bad.mkdir}[kind]()
     with pytest.raises(PlanError) as err:
         load_report(report, "sm90")
     text = str(err.value)
     assert "\n" not in text and str(bad) in text and "regular files" in text and "rerun `python -m ci report`" in text
     assert "ghs_secret" not in text
+    if kind.startswith("hard"):
+        assert "a hard link (one of 2 names of one file)" in text
+
+
+# --- `ci pr` re-checks the decision: no failed cell, values the rule can produce, the history verdict
+
+def _decision(**changes: Any) -> dict[str, Any]:
+    return {**decision(), "schema": DECISION_SCHEMA, **changes}
+
+
+def test_validate_decision_accepts_a_clean_decision() -> None:
+    validate_decision(_decision())
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"exit_code": 3}, "exit_code must be 0, got 3"),
+    ({"exit_code": False}, "exit_code must be 0"),
+    ({"cells": [{"id": "fa2/sliding/flash_attn/x", "verdict": "failed"}]}, "must have no failed cells, got 1"),
+    ({"failures": [{"id": "fa2/sliding/torch_fa2/y", "parity_failed": True}]}, "must have no failed cells"),
+    ({"schema": "nsa-decision/0"}, "decision.schema must be 'nsa-decision/2'"),
+])
+def test_validate_decision_refuses_failures(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(PlanError, match=message):
+        validate_decision(_decision(**change))
+
+
+@pytest.mark.parametrize("proposed", [-5, 3000, 0])
+def test_validate_decision_refuses_a_value_the_rule_cannot_produce(proposed: int) -> None:
+    doc = _decision()
+    doc["branches"]["win"].update(proposed=proposed, changed=True)
+    # -5 is refused by the one loader's value rule, the others by the tested-lengths rule.
+    expected = (r"proposed must be -1 \(off\) or a sequence length >= 0, got -5" if proposed < -1
+                else r"proposed must be -1 or a tested length of fa2_min_len_win \(1024, 2048")
+    with pytest.raises(PlanError, match=expected):
+        validate_decision(doc)
+
+
+def test_validate_decision_accepts_minus_one_and_tested_lengths() -> None:
+    for proposed in (-1, 1024, 8192):
+        doc = _decision()
+        doc["branches"]["win"].update(current=512, proposed=proposed, changed=True)
+        validate_decision(doc)
+
+
+def test_validate_decision_refuses_a_decision_history_never_rewrote() -> None:
+    """Issue 34, item 2: `ci pr` needs `ci history`'s verdict, as it needs cells that did not fail."""
+    doc = _decision()
+    del doc["history"]
+    with pytest.raises(PlanError, match=r"without `history`; run `python -m ci history` on it first"):
+        validate_decision(doc)
+    doc = _decision()
+    del doc["branches"]["cmp"]["lasting"]  # an unchanged entry needs the verdict too (was it measured?)
+    with pytest.raises(PlanError, match=r"branches.cmp.lasting must be the verdict of `ci history`"):
+        validate_decision(doc)
+
+
+@pytest.mark.parametrize("held", [False, None])
+def test_validate_decision_refuses_a_change_that_did_not_last(held: bool | None) -> None:
+    doc = _decision()
+    doc["branches"]["win"]["lasting"]["held"] = held
+    with pytest.raises(PlanError, match=rf"win must change only a value that lasted \(lasting.held true\), got -1 -> "
+                                        rf"4096 with held {held}; run `python -m ci history`"):
+        validate_decision(doc)
+
+
+def test_ci_pr_refuses_the_raw_decision_of_one_run(tmp_path: Path, pristine_config: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """decide's own file proposes `win -1 -> {.. g4: 2048 ..}` from one run: `ci pr` exits 2, sends nothing."""
+    res = results.dump(fx.document(fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048)), tmp_path / "r.json")
+    assert main(["decide", "--results", str(res), "--config", str(pristine_config), "--out",
+                 str(tmp_path / "d.json")]) == 0
+    assert json.loads((tmp_path / "d.json").read_text())["branches"]["win"]["changed"]
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "report.md").write_text("# r\n", encoding="utf-8")
+    capsys.readouterr()
+    with FakeGitHub({"configs/base.yaml": BASE_CONFIG}, token=TOKEN) as fake:
+        import io
+
+        err = io.StringIO()
+        rc = run_pr(["--decision", str(tmp_path / "d.json"), "--report-dir", str(tmp_path / "report"),
+                     "--out-dir", str(tmp_path / "pr")],
+                    env={"GITHUB_API_URL": fake.api_url, "GITHUB_REPOSITORY": "octo/nsa", "GITHUB_TOKEN": TOKEN},
+                    out=io.StringIO(), err=err, connector=lambda target: connect(target, pace=False, timeout=5))
+        assert fake.log == []
+    text = err.getvalue().strip()
+    assert rc == 2 and "\n" not in text and "run `python -m ci history` on it first" in text
+    assert not (tmp_path / "pr").exists()
+
+def test_the_plan_schema_is_the_decision_schema() -> None:
+    from ci.decide import SCHEMA
+
+    assert DECISION_SCHEMA == SCHEMA

@@ -236,3 +236,67 @@ def test_cpu_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "--size smoke --device cpu" in text and "FA-2 unavailable: " in text
     assert "results from a CPU machine" in text and not (out / "pr").exists()
     assert text.rstrip().endswith("outcome: ok")
+
+
+# --- a failed stage never shows an earlier run's files or an unvetted change -------------------
+
+def test_a_failed_stage_shows_no_stale_decision_or_pr(tmp_path: Path, pristine_config: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("GITHUB_TOKEN", "GH_TOKEN", "NSA_PR_DRY_RUN", "GITHUB_OUTPUT"):
+        monkeypatch.delenv(name, raising=False)
+    res = results.dump(fx.document(fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048)), tmp_path / "r.json")
+    out = tmp_path / "out"
+    argv = ["pipeline", "--results", str(res), "--config", str(pristine_config), "--out-dir", str(out), "--dry-run"]
+    assert main(argv) == 0
+    assert (out / "decision.json").is_file() and (out / "pr" / "pr.json").is_file()
+    capsys.readouterr()
+    res.write_text(res.read_text()[:300], encoding="utf-8")  # truncated
+    assert main(argv) == 2
+    text = capsys.readouterr().out
+    assert "thresholds (" not in text and "outcome dry-run" not in text and "report:" not in text
+    assert "outcome: failed at decide (exit 2)" in text
+    assert not (out / "decision.json").exists() and not (out / "report").exists() and not (out / "pr").exists()
+
+
+def test_a_failed_pr_stage_does_not_show_an_earlier_outcome(tmp_path: Path, pristine_config: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("GITHUB_TOKEN", "GH_TOKEN", "GITHUB_OUTPUT"):
+        monkeypatch.delenv(name, raising=False)
+    res = results.dump(fx.document(fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048)), tmp_path / "r.json")
+    out = tmp_path / "out"
+    argv = ["pipeline", "--results", str(res), "--config", str(pristine_config), "--out-dir", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("NSA_PR_DRY_RUN", "maybe")  # history and pr read it: the run fails with exit 2
+    assert main(argv) == 2
+    text = capsys.readouterr().out
+    # The earlier run's outcome is never shown; the stage that failed is.
+    assert "outcome dry-run" not in text and ("outcome unknown" in text or "failed at history (exit 2)" in text)
+
+def test_a_failed_history_stage_shows_no_unvetted_change(tmp_path: Path, pristine_config: Path,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("GITHUB_TOKEN", "GH_TOKEN", "GITHUB_OUTPUT", "NSA_HISTORY_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NSA_PR_DRY_RUN", "maybe")  # decide ignores it, history refuses it (exit 2)
+    res = results.dump(fx.document(fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048)), tmp_path / "r.json")
+    out = tmp_path / "out"
+    assert main(["pipeline", "--results", str(res), "--config", str(pristine_config), "--out-dir", str(out)]) == 2
+    text = capsys.readouterr().out
+    assert "outcome: failed at history (exit 2)" in text
+    assert "win -1 -> " not in text and "win -1 (unchanged)" in text and "not vetted by `ci history`" in text
+    # The decision left behind is decide's own: `ci pr` refuses it.
+    monkeypatch.delenv("NSA_PR_DRY_RUN")
+    assert main(["pr", "--decision", str(out / "decision.json"), "--report-dir", str(tmp_path),
+                 "--out-dir", str(out / "pr"), "--dry-run"]) == 2
+    assert "run `python -m ci history` on it first" in capsys.readouterr().err
+
+def test_pipeline_rejects_an_out_dir_that_is_a_file_before_any_stage(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "f").write_text("x")
+    args = pipeline.argparse.Namespace(out_dir=str(tmp_path / "f"), results=["r.json"], config=None, margin=None,
+                                       previous=None, dry_run=True)
+    assert pipeline.run(args, stage=lambda argv: 0) == 2
+    assert "--out-dir must be a folder" in capsys.readouterr().err

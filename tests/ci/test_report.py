@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import lzma
 import os
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,9 @@ from typing import Any
 import jinja2
 import pytest
 
+from bench import results
 from ci import compare, decide, report
+from ci.__main__ import main
 from nsa import keys
 from tests.ci import fixtures as fx
 
@@ -324,7 +327,8 @@ def test_previous_given_an_old_decision_file_names_it(tmp_path: Path) -> None:
     assert rc == 2 and not (tmp_path / "out").exists()
 
 
-def test_a_symlinked_trend_chart_is_not_copied_into_the_report(tmp_path: Path) -> None:
+@pytest.mark.parametrize("link", ["symlink", "hard link"])
+def test_a_linked_trend_chart_is_not_copied_into_the_report(tmp_path: Path, link: str) -> None:
     """Issue 34, item 6: the report copies the trend PNGs beside report.md, which `ci pr` publishes; a
     link there would turn whatever it points at into a regular file the publisher accepts."""
     path = decide.write_decision(golden_decision(), tmp_path / "decision.json")
@@ -332,8 +336,80 @@ def test_a_symlinked_trend_chart_is_not_copied_into_the_report(tmp_path: Path) -
     trends.mkdir()
     secret = tmp_path / "environ"
     secret.write_bytes(b"GITHUB_TOKEN=ghs_secret\0")
-    (trends / "trend_prefill_T16384.png").symlink_to(secret)
+    png = trends / "trend_prefill_T16384.png"
+    png.symlink_to(secret) if link == "symlink" else os.link(secret, png)
     with pytest.raises(report.ReportError) as err:
         report.write_report(path, tmp_path / "report", trends_dir=trends)
-    assert "trend_prefill_T16384.png" in str(err.value) and "symlink" in str(err.value)
+    assert "trend_prefill_T16384.png" in str(err.value) and link in str(err.value)
     assert "\n" not in str(err.value) and not (tmp_path / "report").exists()
+
+
+def test_committed_reports_say_which_changes_were_held_back() -> None:
+    """Issue 34, item 11: a replayed H100 report said "held: **no**" on the change that was held back.
+    The committed reports with a history section are rendered by today's template (results/README.md
+    names the command), which says "held back" or "lasted K runs: changed"."""
+    def text_of(path: Path) -> str:  # big reports are stored xz-compressed (results/README.md)
+        data = path.read_bytes()
+        return (lzma.decompress(data) if path.suffix == ".xz" else data).decode("utf-8")
+
+    committed = [p for name in ("report.md", "report.md.xz") for p in (GOLDEN.parents[2] / "results").rglob(name)]
+    reports = {path: text_of(path) for path in committed}
+    reports = {path: text for path, text in reports.items() if "K-run rule:" in text}
+    assert len(reports) >= 5
+    for path, text in reports.items():
+        assert "| key | class | measured | held |" not in text and "| **no** |" not in text, path
+        assert "| key | class | measured | K-run rule |" in text, path
+
+
+# --- the staging folder: validated before drawing, nothing left on failure, replaced whole --------
+
+def _decision_file(tmp_path: Path, pristine_config: Path) -> Path:
+    res = results.dump(fx.document(fx.sweep("sliding", fx.WIN_ADOPT_FROM_2048)), tmp_path / "r.json")
+    out = tmp_path / "decision.json"
+    assert main(["decide", "--results", str(res), "--config", str(pristine_config), "--out", str(out)]) == 0
+    return out
+
+
+def test_report_validates_before_it_draws_and_leaves_nothing_on_failure(tmp_path: Path, pristine_config: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    decision_path = _decision_file(tmp_path, pristine_config)
+    doc = json.loads(decision_path.read_text())
+    del doc["runs"]  # the templates need it; plots do not
+    decision_path.write_text(json.dumps(doc), encoding="utf-8")
+    drawn: list[Any] = []
+    from ci import plots
+
+    monkeypatch.setattr(plots, "plot_branch", lambda *a, **k: drawn.append(a))
+    with pytest.raises(report.ReportError, match="lacks a field the report needs"):
+        report.write_report(decision_path, tmp_path / "report")
+    assert drawn == [] and not (tmp_path / "report").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".report.")]
+
+
+def test_a_failed_report_over_an_existing_folder_keeps_the_old_report_whole(tmp_path: Path, pristine_config: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    decision_path = _decision_file(tmp_path, pristine_config)
+    out = tmp_path / "report"
+    report.write_report(decision_path, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    from ci import plots
+
+    def broken(cells: Any, branch: str, margin: float, path: Path) -> Path:
+        path.write_bytes(b"half a png")
+        raise ValueError("matplotlib failed half-way")
+
+    monkeypatch.setattr(plots, "plot_branch", broken)
+    with pytest.raises(report.ReportError):
+        report.write_report(decision_path, out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["configs", "decision.json", "r.json", "report"]
+
+
+def test_a_report_with_fewer_plots_replaces_the_folder(tmp_path: Path, pristine_config: Path) -> None:
+    decision_path = _decision_file(tmp_path, pristine_config)
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "speedup_old.png").write_bytes(b"an earlier run's plot")
+    written = report.write_report(decision_path, out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in written)
+    assert not (out / "speedup_old.png").exists()

@@ -66,3 +66,15 @@ def test_headlines_pick_the_training_steps_of_the_paper_layout() -> None:
         assert any(i.startswith("train/dense/sdpa_cudnn/") for i in ids)
         assert all("partall" in i and f"T{t}-" in i for i in ids)
     assert "prefill_T16384" not in heads     # training cells are not prefill cells
+
+
+def test_the_ragged_paged_decode_cell_has_its_own_trend():
+    """The serve suite's nightly cell (a ragged batch over the paged cache) is one headline with
+    every variant of that cell, and no other case joins it."""
+    import json
+    from pathlib import Path
+
+    cases = json.loads(Path("results/h100/serve/serve_full.json").read_text())["cases"]
+    heads = {h.name: h for h in trends.headlines(cases)}
+    ragged = heads["serve_ragged"].case_ids
+    assert len(ragged) == 5 and all(cid.startswith("serve/nsa_serve/") and "ragged" in cid for cid in ragged)

@@ -16,9 +16,8 @@ from nsa import ops, reference
 from nsa.backends import triton_nsa
 from nsa.backends.triton_kernels import fa3_cmp
 from tests.bench import fa3_doubles
-from tests.nsa.helpers import qkv, rel_err
+from tests.nsa.helpers import DEV, qkv, rel_err
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
     triton_nsa.unavailable_reason(DEV) is not None,
     reason=f"triton backend unavailable: {triton_nsa.unavailable_reason(DEV)} (CPU: TRITON_INTERPRET=1)")
@@ -80,12 +79,14 @@ def test_fa3_compressed_output_and_scores(b, t, hq, hkv, d, seed, fa3):
         assert all(c["causal"] and c["out_"] for c in fa3)
 
 
-def test_fa3_only_on_hopper(monkeypatch):
-    """Only sm90, where the trade was measured: an A100 (8, 0) or a Blackwell (10, 0) keeps the Triton pass."""
-    for cap, ok in (((9, 0), True), ((8, 0), False), ((10, 0), False)):
-        monkeypatch.setattr(fa3_cmp, "_capability", lambda device, cap=cap: cap)
-        assert fa3_cmp.hopper(torch.device("cuda", 0)) is ok
-    assert fa3_cmp.hopper(torch.device("cpu"))
+def test_fa3_only_where_the_gpu_profile_has_it(fake_gpu):
+    """sm90 with the wheel installed, where the trade was measured; sm90 without it, an A100 (8, 0)
+    or a Blackwell (10, 0) (no profile file: generic) keep the Triton pass; CPU tensors (the double) pass."""
+    for cap, wheels, ok in (((9, 0), True, True), ((9, 0), False, False), ((8, 0), True, False),
+                            ((10, 0), True, False)):
+        fake_gpu(cap, wheels=wheels)
+        assert fa3_cmp.enabled(torch.device("cuda", 0)) is ok
+    assert fa3_cmp.enabled(torch.device("cpu"))
 
 
 def test_fa3_compressed_not_used_where_it_cannot_run(seed, fa3):

@@ -19,9 +19,8 @@ import torch
 from nsa import ops, reference
 from nsa.backends import triton_nsa
 from nsa.backends.triton_kernels import common, fa4_win, sliding
-from tests.nsa.helpers import qkv, rel_err
+from tests.nsa.helpers import DEV, qkv, rel_err
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
     triton_nsa.unavailable_reason(DEV) is not None,
     reason=f"triton backend unavailable: {triton_nsa.unavailable_reason(DEV)} (CPU: TRITON_INTERPRET=1)")
@@ -152,19 +151,22 @@ def test_fa4_window_not_used_where_it_cannot_run(seed, fa4, monkeypatch):
         q16, k16, v16 = (x.half() for x in (q, k, v))
         assert not fa4_win.usable(q16, k16, v16, window=9, q_start=0, k_start=0)
         if DEV == "cpu":
-            # On the GPU the real capability decides; here a double says "not Hopper".
-            monkeypatch.setattr(fa4_win, "hopper", lambda device: False)
+            # On the GPU its profile decides; here a double says "no fa4 feature".
+            monkeypatch.setattr(fa4_win, "enabled", lambda device: False)
             assert not fa4_win.usable(q, k, v, window=9, q_start=0, k_start=0)
     assert fa4 == []
 
 
-def test_fa4_only_on_hopper(monkeypatch):
-    """sm90 passes; any other CUDA capability keeps the band kernel; CPU tensors (the double) pass."""
-    monkeypatch.setattr(fa4_win, "_capability", lambda device: (9, 0))
-    assert fa4_win.hopper(torch.device("cuda", 0))
-    monkeypatch.setattr(fa4_win, "_capability", lambda device: (10, 0))
-    assert not fa4_win.hopper(torch.device("cuda", 0))
-    assert fa4_win.hopper(torch.device("cpu"))
+def test_fa4_only_where_the_gpu_profile_has_it(fake_gpu):
+    """sm90 with the wheel passes; sm90 without it, or any other CUDA capability, keeps the band
+    kernel; CPU tensors (the double) pass."""
+    fake_gpu((9, 0))
+    assert fa4_win.enabled(torch.device("cuda", 0))
+    fake_gpu((9, 0), wheels=False)
+    assert not fa4_win.enabled(torch.device("cuda", 0))
+    fake_gpu((10, 0))
+    assert not fa4_win.enabled(torch.device("cuda", 0))
+    assert fa4_win.enabled(torch.device("cpu"))
 
 
 def test_fa4_load_is_none_without_the_wheel(monkeypatch):

@@ -7,11 +7,13 @@ dtype and shape, so stand-ins that say "cuda" test it on a CPU machine.
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from nsa import profiles
 from nsa.backends import AttnCall, BackendError, flex
 
 
@@ -29,9 +31,22 @@ def test_cuda_dk_ne_dv_is_unsupported_with_the_reason(op: str) -> None:
     assert reason == "FlexAttention's compiled kernel needs equal q/k and v head dims, got dk 32 != dv 16"
 
 
-def test_cuda_equal_dims_and_cpu_unequal_dims_stay_supported() -> None:
+def test_cuda_equal_dims_and_cpu_unequal_dims_stay_supported(fake_gpu) -> None:
+    fake_gpu((9, 0))
     assert flex.unsupported_reason(_call("sliding", 32, 32)) is None
     assert flex.unsupported_reason(_call("sliding", 32, 16, device="cpu")) is None
+
+
+def test_the_head_dim_limit_is_the_gpu_profiles(fake_gpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    """128 on sm90 (head dim 192 failed there); another GPU's profile may say otherwise."""
+    fake_gpu((9, 0))
+    assert flex.unsupported_reason(_call("sliding", 128, 128)) is None
+    assert flex.unsupported_reason(_call("sliding", 192, 192)) == \
+        "FlexAttention's compiled kernel is limited to head dims <= 128 on this GPU, got 192/192"
+    assert flex.unsupported_reason(_call("sliding", 192, 192, device="cpu")) is None
+    smaller = dataclasses.replace(profiles.by_name("sm90"), features=profiles.Features(flex_max_head_dim=64))
+    monkeypatch.setattr(profiles, "profile_for", lambda device: smaller)
+    assert "head dims <= 64 on this GPU, got 96/96" in flex.unsupported_reason(_call("sliding", 96, 96))
 
 
 def test_explicit_flex_raises_backend_error(monkeypatch: pytest.MonkeyPatch) -> None:

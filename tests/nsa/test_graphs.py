@@ -9,9 +9,8 @@ import torch
 
 from nsa import GraphedAttend, NSAAttention, NSAConfig, dispatch
 from nsa.backends import triton_nsa
-from tests.nsa.helpers import rand
+from tests.nsa.helpers import DEV, rand
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = dict(dim=32, n_heads=4, n_kv_heads=2, head_dim_qk=16, head_dim_v=8, cmp_block=8, cmp_stride=4,
              sel_block=16, sel_count=4, window=20)
 

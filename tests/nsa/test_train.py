@@ -19,8 +19,8 @@ import torch
 from nsa import NSAAttention, NSAConfig, backends, ops
 from nsa import reference as ref
 from nsa.backends import AttnCall, BackendError, triton_nsa
+from tests.nsa.helpers import DEV
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 HAS_TRITON = triton_nsa.unavailable_reason(DEV) is None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason=f"triton backend cannot run here: "
                                   f"{triton_nsa.unavailable_reason(DEV)}")

@@ -13,9 +13,8 @@ from nsa import NSAAttention, NSAConfig, ops, reference
 from nsa.backends import triton_nsa
 from nsa.backends.triton_kernels import compressed as triton_cmp
 from nsa.selection import compressed_probs, overlap_weights
-from tests.nsa.helpers import qkv, rand, rel_err
+from tests.nsa.helpers import DEV, qkv, rand, rel_err
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
     triton_nsa.unavailable_reason(DEV) is not None,
     reason=f"triton backend unavailable: {triton_nsa.unavailable_reason(DEV)} (CPU: TRITON_INTERPRET=1)")

@@ -13,9 +13,8 @@ from nsa import NSAAttention, NSAConfig, reference
 from nsa.backends import triton_nsa
 from nsa.backends.triton_kernels import common
 from nsa.backends.triton_kernels import decode as triton_dec
-from tests.nsa.helpers import assert_near_tie_flip, fp64_group_scores, rand, rel_err
+from tests.nsa.helpers import DEV, assert_near_tie_flip, fp64_group_scores, rand, rel_err
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
     triton_nsa.unavailable_reason(DEV) is not None,
     reason=f"triton backend unavailable: {triton_nsa.unavailable_reason(DEV)} (CPU: TRITON_INTERPRET=1)")

@@ -15,9 +15,8 @@ import torch
 from nsa import ops, reference
 from nsa.backends import AttnCall, triton_nsa
 from nsa.backends.triton_kernels import common
-from tests.nsa.helpers import qkv, rel_err
+from tests.nsa.helpers import DEV, qkv, rel_err
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
     triton_nsa.unavailable_reason(DEV) is not None,
     reason=f"triton backend unavailable: {triton_nsa.unavailable_reason(DEV)} (CPU: TRITON_INTERPRET=1)")

@@ -7,31 +7,34 @@ import dataclasses
 import pytest
 import torch
 
+from nsa import profiles
 from nsa.backends import triton_nsa
-from nsa.backends.triton_kernels import tiles as tiles_mod
-from nsa.backends.triton_kernels.tiles import PROFILES, Tiles, current, profile_for, tiles, use_tiles
+from nsa.backends.triton_kernels.tiles import Tiles, current, tiles, use_tiles
+from nsa.profiles.tiles import FAMILIES, FIELDS, DecodeTiles, WindowTiles
 
 
-def test_profiles_sm90_is_the_swept_h100_table_and_unknown_gpus_get_default():
+def test_tiles_by_profile_name_and_unknown_gpus_get_generic():
     assert tiles("sm90") == Tiles(cmp_rows=64, cmp_bc=32, cmp_warps=4, cmp_stages=3, sel_warps=2, sel_stages=2,
                                   split_tiles=8, split_warps=1, sel_split=4)
-    assert tiles("sm80") is PROFILES["default"]
+    assert tiles("sm80") is tiles("generic") and tiles("generic") != tiles("sm90")
     assert tiles("cpu").cmp_rows == 16 and tiles("cpu").win_bn == 16
-    with pytest.raises(ValueError, match="profile must be one of"):
+    with pytest.raises(ValueError, match="profile must be 'cpu', 'generic' or 'sm<major><minor>'"):
         tiles("h100")
 
 
-def test_profile_for_reads_the_device_capability(monkeypatch):
-    assert profile_for("cpu") == "cpu"
+def test_current_follows_the_device_profile_and_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(tiles_mod, "_capability", lambda dev: (9, 0))
-    assert profile_for(torch.device("cuda", 0)) == "sm90"
-    monkeypatch.setattr(tiles_mod, "_capability", lambda dev: (10, 0))
-    assert profile_for(torch.device("cuda", 1)) == "sm100"
-    assert current(torch.device("cuda", 1)) is PROFILES["default"]
-    # The interpreter runs on the CPU whatever the tensors' device: the small CPU tiles.
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert profile_for(torch.device("cuda", 0)) == "cpu"
+    monkeypatch.setattr(profiles, "_capability", lambda index: {0: (9, 0), 1: (10, 0)}[index])
+    profiles.cache_clear()
+    try:
+        assert current("cpu") is tiles("cpu")
+        assert current(torch.device("cuda", 0)) is tiles("sm90")
+        assert current(torch.device("cuda", 1)) == tiles("generic")
+        # The interpreter runs on the CPU whatever the tensors' device: the small CPU tiles.
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        assert current(torch.device("cuda", 0)) is tiles("cpu")
+    finally:
+        profiles.cache_clear()
 
 
 def test_use_tiles_scopes_an_override_and_nests():
@@ -66,10 +69,30 @@ def test_use_tiles_scopes_an_override_and_nests():
     ({"topn_lane_chunks": 48}, "topn_lane_chunks must be a power of two"),
     ({"topn_maxnreg": 8}, r"topn_maxnreg must be 0 \(no cap\) or 16..255"),
     ({"topn_maxnreg": 256}, "topn_maxnreg must be 0"),
+    ({"dec_stages": 0}, "DecodeTiles.dec_stages must be an int >= 1"),
+    ({"trn_bm": 32.0}, "TrainTiles.trn_bm must be an int >= 1"),
+    ({"selb_part_fp32": None}, "BlockTiles.selb_part_fp32 must be a bool"),
 ])
 def test_tiles_reject_values_the_kernels_cannot_take(changes, match):
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(Tiles(), **changes)
+
+
+def test_tiles_are_families_read_and_replaced_by_flat_names():
+    base = Tiles()
+    changed = dataclasses.replace(base, dec_chunk=64, sel_split=2)
+    assert changed.decode.dec_chunk == changed.dec_chunk == 64 and changed.selection.sel_split == 2
+    assert changed.window is base.window and changed != base
+    back = dataclasses.replace(changed, dec_chunk=128, sel_split=4)
+    assert back == base and hash(back) == hash(base) and len({base, back, changed}) == 2
+    assert set(base.flat()) == set(FIELDS) and set(FIELDS.values()) == set(FAMILIES)
+    assert all(f.name in FAMILIES for f in dataclasses.fields(Tiles))
+    with pytest.raises(TypeError, match="Tiles has no field 'dec_chnk'"):
+        dataclasses.replace(base, dec_chnk=64)
+    with pytest.raises(TypeError, match="Tiles.decode must be a DecodeTiles, got WindowTiles"):
+        Tiles(decode=WindowTiles())
+    with pytest.raises(ValueError, match="DecodeTiles.dec_chunk must be >= 16"):
+        DecodeTiles(dec_chunk=8)
 
 
 def test_tiles_are_frozen():

@@ -1,6 +1,6 @@
 """The own Triton kernels of the `triton` backend, one module per kernel family (forward only).
 
-    tiles        launch parameters per GPU profile (no triton import)
+    tiles        the launch parameters in force: the GPU profile's (nsa/profiles/) or an override
     common       host helpers shared by the families
     selection    group-centric selected attention (paper Fig. 3), its gated epilogue, decode split
     selection_blocks  block-centric selected attention for small groups (prefill): lists per key block

@@ -139,6 +139,34 @@ def _signal(ptr):
 
 
 @triton.jit
+def _group_t(POS, b, t, DEVPOS: tl.constexpr):
+    """The position of sequence `b`'s query: POS[b] (DEVPOS: a ragged batch, or a step replayed
+    from a CUDA graph at any position), else the step's one host position `t`."""
+    if DEVPOS:
+        t = tl.minimum(tl.load(POS + b), t)    # t: the step's bound (never past its scratch)
+    return t
+
+
+@triton.jit
+def _group_nch(t, tc, E: tl.constexpr, D: tl.constexpr, CH: tl.constexpr):
+    """Compressed tokens visible at position `t` (at most `tc` stored), and their CH-token chunks."""
+    nvis = tl.where(t + 1 >= E * D, tl.minimum((t + 1 - E * D) // D + 1, tc), 0)
+    return nvis, (nvis + CH - 1) // CH
+
+
+@triton.jit
+def _page_rows(PT, b, pos, ok, spt, PAGE: tl.constexpr):
+    """Rows of positions `pos` of sequence `b` in a cache: PAGE = 0: the sequence's own rows
+    (`pos`); PAGE > 0: a page pool of PAGE-token pages, page `pos // PAGE` of the sequence at
+    PT[b, pos // PAGE] (int64 rows of the pool viewed as `[pages * PAGE, ...]`)."""
+    if PAGE > 0:
+        page = tl.load(PT + b * spt + pos // PAGE, mask=ok, other=0)
+        return page.to(tl.int64) * PAGE + pos % PAGE
+    else:
+        return pos
+
+
+@triton.jit
 def _await(ptr, target, FLAGS: tl.constexpr):
     """Wait until the count at `ptr` reaches `target` (acquire reads). Only programs launched after
     every program they wait for has started spin here (Tiles.dec_flags: a dependent launch
@@ -163,19 +191,24 @@ def _stamp(TR, bh, slot: tl.constexpr, MAX: tl.constexpr):
         tl.atomic_min(TR + bh * TRACE_SLOTS + slot, now, sem="relaxed", scope="gpu")
 
 
-@triton.jit
-def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, TR, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis, nch, nbh, scale,
-             HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr,
+# Positions and the sizes derived from them change every step: not specialised (each value's
+# divisibility would compile another variant, seconds each, as a step crosses it).
+@triton.jit(do_not_specialize=["t", "tc", "nchs"])
+def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, TR, POS, t, tc, nchs, sqb, sqh, skb, skt, skh, svb, svt, svh, nbh,
+             scale, DEVPOS: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr,
              E: tl.constexpr, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
              BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr,
              TRACE: tl.constexpr):
-    """Program (c, bh), c < nch: chunk `c` of the compressed keys of (sequence, KV group) `bh`
+    """Program (c, bh), c < nch (the group's own chunk count, at its position): chunk `c` of the
+    compressed keys of (sequence, KV group) `bh`
     (`_chunk_role`); FLAGS: then counted done in SYNC[0][bh]. FLAGS, c = 0 (the grid has it even
     when nch = 0): first sets the group's counts SYNC[1] and SYNC[3], which the last step left
     at their targets, back to 0, before it lets kernel B start (so before any program of this
     step can count there); kernel D set SYNC[0] and SYNC[2] back to 0."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
+    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
+    nvis, nch = _group_nch(_group_t(POS, b, t, DEVPOS), tc, E, D, CH)
     if TRACE:
         _stamp(TR, bh, 1, False)
     if FLAGS and c == 0:
@@ -187,8 +220,7 @@ def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, TR, sqb, sqh, skb, skt, skh, 
     elif PDL:
         gdc_launch_dependents()    # kernel B may start its programs (they wait for this grid)
     if c < nch:
-        b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-        _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, bh % HKV, bh * nch + c, c, sqb, sqh, skb, skt, skh, svb, svt,
+        _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, bh % HKV, bh * nchs + c, c, sqb, sqh, skb, skt, skh, svb, svt,
                     svh, nvis, scale, G, BG, CH, R, E, D, DK, DV, BDK, BDV, IEEE)
         if TRACE:                  # before the signal, so a waiting program's stamps come after it
             _stamp(TR, bh, 0, True)
@@ -204,7 +236,7 @@ def _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, h, part, c, sqb, sqh, skb, sk
     """Chunk `c` = compressed keys `[c*CH, (c+1)*CH)`, visible below `nvis`, for the G heads of one
     (sequence, KV group): (m, l) -> PML[part, 0/1, g], acc -> PACC[part, g], block-score partial
     of blocks `c*CH/R + i` -> PSC[part, g, i] and the spill into block `(c+1)*CH/R` -> PSP[part, g]
-    (part = bh * chunks + c)."""
+    (part = bh * nchs + c, nchs the chunks of the step's largest position)."""
     offs_g = tl.arange(0, BG)
     g_ok = offs_g < G
     q = _group_q(Q, b, h, sqb, sqh, G, BG, DK, BDK)
@@ -226,15 +258,29 @@ def _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, h, part, c, sqb, sqh, skb, sk
 
 @triton.jit
 def _window_role(Q, KW, VW, WML, WACC, b, h, part, wblk, sqb, sqh, skwb, skwt, skwh, svwb, svwt, svwh, t, kw_start,
-                 scale, G: tl.constexpr, BG: tl.constexpr, WB: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-                 BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr):
+                 PT, spt, wcap, scale, G: tl.constexpr, BG: tl.constexpr, WB: tl.constexpr, DK: tl.constexpr,
+                 DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, WMODE: tl.constexpr,
+                 PAGE: tl.constexpr):
     """Window block `wblk` (positions `wblk*WB ..` within `kw_start .. t`) of the window cache, for
     the G heads of one (sequence, KV group): its partial (m, l) -> WML[part], acc -> WACC[part]
-    (part = bh * NWP + block). Needs nothing of the other kernels, so it never waits."""
+    (part = bh * NWP + block). Needs nothing of the other kernels, so it never waits. Rows of the
+    window cache: WMODE 0: it holds positions `kw_start ..` from row 0; 1: a ring of `wcap` rows,
+    position p at row p % wcap; 2: the raw cache's pages (PT, PAGE: a shared-K/V layer's paged
+    cache, read in place)."""
     q = _group_q(Q, b, h, sqb, sqh, G, BG, DK, BDK)
     pos_w = wblk * WB + tl.arange(0, WB)
-    m, p_w, acc = _attend_block(q, KW + b * skwb + h * skwh, VW + b * svwb + h * svwh, skwt, svwt, pos_w - kw_start,
-                                (pos_w >= kw_start) & (pos_w <= t), scale, DK, DV, BDK, BDV, IEEE)
+    ok = (pos_w >= kw_start) & (pos_w <= t)
+    if WMODE == 0:
+        rows = pos_w - kw_start
+    elif WMODE == 1:
+        rows = pos_w % wcap
+    else:
+        rows = _page_rows(PT, b, pos_w, ok, spt, PAGE)
+    if WMODE == 2:
+        kb, vb = KW + h * skwh, VW + h * svwh
+    else:
+        kb, vb = KW + b * skwb + h * skwh, VW + b * svwb + h * svwh
+    m, p_w, acc = _attend_block(q, kb, vb, skwt, svwt, rows, ok, scale, DK, DV, BDK, BDV, IEEE)
     _store_partial(WML, WACC, part, m, tl.sum(p_w, 1), acc, BG, BDV)
 
 
@@ -265,9 +311,13 @@ def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constex
     return m_run, l_run
 
 
-@triton.jit
-def _dec_topn(PML, PSC, PSP, S, IDX, SYNC, TR, sib, sih, nch, NB, cur, nbh,
-              NCH_HOST: tl.constexpr, DYN: tl.constexpr, HKV: tl.constexpr, BG: tl.constexpr,
+# Positions and the sizes derived from them change every step: not specialised (each value's
+# divisibility would compile another variant, seconds each, as a step crosses it).
+@triton.jit(do_not_specialize=["t", "tc", "nchs"])
+def _dec_topn(PML, PSC, PSP, S, IDX, SYNC, TR, POS, t, tc, nchs, sib, sih, nbh,
+              NCH_HOST: tl.constexpr, DYN: tl.constexpr, DEVPOS: tl.constexpr, EXT: tl.constexpr,
+              E: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, SEL: tl.constexpr,
+              HKV: tl.constexpr, BG: tl.constexpr,
               NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
               ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
               SORT64: tl.constexpr, LANES: tl.constexpr, ONCE: tl.constexpr, PDL: tl.constexpr,
@@ -278,12 +328,15 @@ def _dec_topn(PML, PSC, PSP, S, IDX, SYNC, TR, sib, sih, nch, NB, cur, nbh,
     PSC[c, h, i], plus chunk c-1's spill at i = 0; then their top N under the spec's rules ->
     IDX[b, 0, h, :]. (The compressed output's merges ran here beside the top-n until kernel C
     took them: with one program per group, B's programs all start, and C is launched, as soon
-    as A's first programs end, so C's reads begin under A's last wave; results/h100/decode-tail/.)"""
+    as A's first programs end, so C's reads begin under A's last wave; results/h100/decode-tail/.)
+    EXT: IDX already holds the blocks (imported from an external indexer): no top-n, only the count."""
     if PDL:
         gdc_launch_dependents()    # kernel C may start its programs (they wait for this grid)
     bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
     h = bh % HKV
+    tg = _group_t(POS, b, t, DEVPOS)
+    nvis, nch = _group_nch(tg, tc, E, D, CH)
     if TRACE:
         _stamp(TR, bh, 10, False)
     if FLAGS:
@@ -292,8 +345,9 @@ def _dec_topn(PML, PSC, PSP, S, IDX, SYNC, TR, sib, sih, nch, NB, cur, nbh,
         gdc_wait()                 # kernel A's partials are complete and visible
     if TRACE:
         _stamp(TR, bh, 2, True)
-    _topn_role(PML, PSC, PSP, S, IDX + b * sib + h * sih, bh, nch, NB, cur, NCH_HOST, DYN, BG, NBK, SW, N, BN, CB,
-               ALGO, IB, K2, CW, CAP, SORT64, LANES, ONCE, TR, TRACE)
+    if not EXT:
+        _topn_role(PML, PSC, PSP, S, IDX + b * sib + h * sih, bh, nch, nchs, tg // SEL + 1, tg // SEL, NCH_HOST,
+                   DYN, BG, NBK, SW, N, BN, CB, ALGO, IB, K2, CW, CAP, SORT64, LANES, ONCE, TR, TRACE)
     if TRACE:
         _stamp(TR, bh, 3, True)
     if FLAGS:
@@ -301,14 +355,14 @@ def _dec_topn(PML, PSC, PSP, S, IDX, SYNC, TR, sib, sih, nch, NB, cur, nbh,
 
 
 @triton.jit
-def _topn_role(PML, PSC, PSP, S, out, bh, nch, NB, cur, NCH_HOST: tl.constexpr, DYN: tl.constexpr, BG: tl.constexpr,
+def _topn_role(PML, PSC, PSP, S, out, bh, nch, nchs, NB, cur, NCH_HOST: tl.constexpr, DYN: tl.constexpr, BG: tl.constexpr,
                NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
                ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
                SORT64: tl.constexpr, LANES: tl.constexpr, ONCE: tl.constexpr, TR, TRACE: tl.constexpr):
     """Kernel B, r = 0: lse per head, the group's score row in S[bh] (`_scores_once` when the
     group's chunks fit ONCE, else `_scores_loop`), its top N -> `out`."""
     offs_g = tl.arange(0, BG)
-    base = bh * nch
+    base = bh * nchs
     srow = S + bh.to(tl.int64) * (SW + CAP)   # the row, then CAP ints of top-n scratch
     k = tl.arange(0, NBK)
     if ONCE > 0 and nch <= ONCE:
@@ -390,13 +444,13 @@ def _scores_loop(PML, PSC, PSP, srow, base, nch, offs_g, k, NCH_HOST: tl.constex
 
 
 @triton.jit
-def _cmp_merge_role(PML, PACC, OC, bh, col, nch, NCH_HOST: tl.constexpr, DYN: tl.constexpr, BG: tl.constexpr,
+def _cmp_merge_role(PML, PACC, OC, bh, col, nch, nchs, NCH_HOST: tl.constexpr, DYN: tl.constexpr, BG: tl.constexpr,
                     BDV: tl.constexpr, CB: tl.constexpr, DVC: tl.constexpr):
     """Kernel C, program N_SEL + NWP + col: compressed output columns `col*DVC ..` from kernel A's chunk
     partials, normalised (fp32) -> OC[bh]."""
     offs_g = tl.arange(0, BG)
     offs_v = col * DVC + tl.arange(0, DVC)
-    base = bh * nch
+    base = bh * nchs
     m_run, l_run = _chunk_stats(PML, base, nch, offs_g, NCH_HOST, DYN, BG, CB)
     ms = tl.where(m_run == float("-inf"), 0.0, m_run)
     cc = tl.arange(0, CB)
@@ -412,10 +466,14 @@ def _cmp_merge_role(PML, PACC, OC, bh, col, nch, NCH_HOST: tl.constexpr, DYN: tl
     tl.store(OC + (bh * BG + offs_g)[:, None] * BDV + offs_v[None, :], o_cmp)
 
 
-@triton.jit
-def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, CML, CACC, OC, SYNC, TR, nch, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, skwb,
-                skwt, skwh, svwb, svwt, svwh, sib, sih, t, len_sel, kw_start, scale, nbh,
-                HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
+# Positions and the sizes derived from them change every step: not specialised (each value's
+# divisibility would compile another variant, seconds each, as a step crosses it).
+@triton.jit(do_not_specialize=["t", "tc", "nchs", "win", "len_sel"])
+def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, CML, CACC, OC, SYNC, TR, POS, t, tc, nchs, PT, spt,
+                win, wcap, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, skwb,
+                skwt, skwh, svwb, svwt, svwh, sib, sih, len_sel, scale, nbh,
+                DEVPOS: tl.constexpr, E: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, PAGE: tl.constexpr,
+                WMODE: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
                 WB: tl.constexpr, NWP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
                 BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr,
                 TRACE: tl.constexpr, NCH_HOST: tl.constexpr, DYN: tl.constexpr, CB: tl.constexpr,
@@ -435,21 +493,25 @@ def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, CML, CACC, OC, SYN
     bh = tl.program_id(1)
     b = (bh // HKV).to(tl.int64)
     h = bh % HKV
+    tg = _group_t(POS, b, t, DEVPOS)
+    nvis, nch = _group_nch(tg, tc, E, D, CH)
     if TRACE:
         _stamp(TR, bh, 11 if p < N_SEL else 12, False)
     if p < N_SEL:
         _selected_role(Q, KS, VS, IDX, PML, PACC, SYNC + 2 * nbh + bh, b, h, bh * N_SEL + p, p, sqb, sqh, sksb, skst,
-                       sksh, svsb, svst, svsh, sib, sih, t, len_sel, scale, G, BG, SEL, DK, DV, BDK, BDV, IEEE, PDL,
-                       FLAGS, TR, bh, TRACE)
+                       sksh, svsb, svst, svsh, sib, sih, tg, len_sel, PT, spt, scale, G, BG, SEL, DK, DV, BDK, BDV,
+                       IEEE, PDL, FLAGS, TR, bh, TRACE, PAGE)
     elif p < N_SEL + NWP:
+        kw_start = tl.maximum(tg + 1 - win, 0)
         _window_role(Q, KW, VW, WML, WACC, b, h, bh * NWP + p - N_SEL, kw_start // WB + p - N_SEL, sqb, sqh, skwb,
-                     skwt, skwh, svwb, svwt, svwh, t, kw_start, scale, G, BG, WB, DK, DV, BDK, BDV, IEEE)
+                     skwt, skwh, svwb, svwt, svwh, tg, kw_start, PT, spt, wcap, scale, G, BG, WB, DK, DV, BDK, BDV,
+                     IEEE, WMODE, PAGE)
     else:
         if FLAGS:
             _await(SYNC + bh, nch, FLAGS)     # this group's chunk partials
         elif PDL:
             gdc_wait()             # kernel A's partials, through B's wait (C may start before A ends)
-        _cmp_merge_role(CML, CACC, OC, bh, p - N_SEL - NWP, nch, NCH_HOST, DYN, BG, BDV, CB, DVC)
+        _cmp_merge_role(CML, CACC, OC, bh, p - N_SEL - NWP, nch, nchs, NCH_HOST, DYN, BG, BDV, CB, DVC)
     if TRACE:
         _stamp(TR, bh, 6 if p < N_SEL else 7 if p < N_SEL + NWP else 4, True)
     if FLAGS:
@@ -458,10 +520,11 @@ def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, CML, CACC, OC, SYN
 
 @triton.jit
 def _selected_role(Q, KS, VS, IDX, PML, PACC, topn_done, b, h, part, slot, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, sib, sih,
-                   t, len_sel, scale, G: tl.constexpr, BG: tl.constexpr, SEL: tl.constexpr, DK: tl.constexpr,
-                   DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
-                   FLAGS: tl.constexpr, TR, bh, TRACE: tl.constexpr):
-    """Selected block `slot` of IDX[b, 0, h] (-1: empty) over the raw cache, positions `<= t`."""
+                   t, len_sel, PT, spt, scale, G: tl.constexpr, BG: tl.constexpr, SEL: tl.constexpr,
+                   DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr,
+                   PDL: tl.constexpr, FLAGS: tl.constexpr, TR, bh, TRACE: tl.constexpr, PAGE: tl.constexpr):
+    """Selected block `slot` of IDX[b, 0, h] (-1: empty) over the raw cache, positions `<= t`
+    (PAGE > 0: a page pool, `_page_rows`; a page holds whole selection blocks)."""
     q = _group_q(Q, b, h, sqb, sqh, G, BG, DK, BDK)
     if FLAGS:
         _await(topn_done, 1, FLAGS)       # this group's block indices
@@ -471,8 +534,13 @@ def _selected_role(Q, KS, VS, IDX, PML, PACC, topn_done, b, h, part, slot, sqb, 
         _stamp(TR, bh, 5, True)
     blk = tl.load(IDX + b * sib + h * sih + slot)
     pos_s = blk * SEL + tl.arange(0, SEL)
-    m, p_s, acc = _attend_block(q, KS + b * sksb + h * sksh, VS + b * svsb + h * svsh, skst, svst, pos_s,
-                                (blk >= 0) & (pos_s <= t) & (pos_s < len_sel), scale, DK, DV, BDK, BDV, IEEE)
+    ok = (blk >= 0) & (pos_s <= t) & (pos_s < len_sel)
+    if PAGE > 0:
+        kb, vb = KS + h * sksh, VS + h * svsh
+    else:
+        kb, vb = KS + b * sksb + h * sksh, VS + b * svsb + h * svsh
+    m, p_s, acc = _attend_block(q, kb, vb, skst, svst, _page_rows(PT, b, pos_s, ok, spt, PAGE), ok, scale, DK, DV,
+                                BDK, BDV, IEEE)
     _store_partial(PML, PACC, part, m, tl.sum(p_s, 1), acc, BG, BDV)
 
 
@@ -499,9 +567,11 @@ def _merged(m, den, a):
     return tl.sum(w[:, :, None] * a.to(tl.float32), 0) / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
 
 
-@triton.jit
-def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, sgb, sgh, sgc, sob, soh, nbh, nch,
-             HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, NSPL: tl.constexpr, NWP: tl.constexpr,
+# Positions and the sizes derived from them change every step: not specialised (each value's
+# divisibility would compile another variant, seconds each, as a step crosses it).
+@triton.jit(do_not_specialize=["t", "tc"])
+def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, POS, t, tc, sgb, sgh, sgc, sob, soh, nbh,
+             DEVPOS: tl.constexpr, E: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, NSPL: tl.constexpr, NWP: tl.constexpr,
              NPS: tl.constexpr, NPW: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, DVC: tl.constexpr,
              PDL: tl.constexpr, FLAGS: tl.constexpr, TRACE: tl.constexpr):
     """Per (sequence, KV group, DVC output columns): the compressed output (kernel C's merges), the
@@ -544,6 +614,7 @@ def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, sgb, sgh, sgc, sob, so
         _stamp(TR, bh, 9, True)
     if FLAGS and tl.program_id(1) == 0:
         if FLAGS == 2:             # the interpreter: only counts at their targets (tests read them after a step)
+            nvis, nch = _group_nch(_group_t(POS, b, t, DEVPOS), tc, E, D, CH)
             if (tl.load(SYNC + bh) == nch) & (tl.load(SYNC + 2 * nbh + bh) == 1):
                 tl.store(SYNC + bh, 0)
                 tl.store(SYNC + 2 * nbh + bh, 0)
@@ -553,11 +624,10 @@ def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, sgb, sgh, sgc, sob, so
 
 
 def pdl_ok(device: torch.device) -> bool:
-    """Programmatic dependent launch can run here: a CUDA device of sm90 or later, Triton with its
-    intrinsics, and no interpreter (which has no grid-dependency control)."""
-    dev = torch.device(device)
-    return (gdc_wait is not None and dev.type == "cuda" and not interpreting()
-            and torch.cuda.get_device_capability(dev) >= (9, 0))
+    """Programmatic dependent launch can run here: the kernels' GPU profile has the `pdl` feature
+    (sm90 or later, Triton with its intrinsics; never the interpreter's `cpu` profile)."""
+    from nsa.profiles import kernel_profile
+    return kernel_profile(device).features.pdl
 
 
 def _geometry(block: int, stride: int, sel_block: int, chunk: int) -> tuple[int, int] | str:
@@ -590,8 +660,10 @@ def supported(*, dk: int, dv: int, block: int, stride: int, sel_block: int, t: i
 
 def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: Tensor, v_sel: Tensor,
                 k_win: Tensor, v_win: Tensor, *, t: int, block: int, stride: int, sel_block: int, sel_count: int,
-                window: int, scale: float, tiles: Tiles, counts: Tensor | None = None,
-                _trace: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                window: int, scale: float, tiles: Tiles, counts: Tensor | None = None, pos: Tensor | None = None,
+                page_table: Tensor | None = None, page_size: int = 0, win_layout: str = "tail",
+                idx: Tensor | None = None, _trace: Tensor | None = None, _plan: bool = False,
+                scratch: dict | None = None) -> tuple[Tensor, Tensor] | DecodeLaunch:
     """The gated NSA output `[B, 1, Hq, dv]` of the query at position `t` and its selected blocks
     `[B, 1, Hkv, sel_count]` (int32, ascending, -1 padded). Caches: compressed `k_cmp/v_cmp [B, Tc,
     Hkv, *]` (tokens `0 ..`), raw `k_sel/v_sel [B, >= t+1, Hkv, *]` (positions `0 ..`), window
@@ -599,10 +671,22 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     of about `B*Hkv*16*(dv + l'/d ...)` elements per chunk and block (acc in q's dtype, the rest
     fp32); no host sync (capturable in a CUDA graph). `counts`: a `_counts` buffer (`[4, >= B*Hkv]`
     int32, zeroed once) that every step uses and resets itself; None: a fresh one (a zeroing kernel).
+
+    Positions on the device (`pos`, int32 `[B]`): sequence b's query is at `pos[b]`, each `<= t`,
+    which then only bounds the step (its scratch and grid; a larger pos is clamped to it), so one
+    launch shape serves a ragged batch and any later position (a CUDA graph replays it). The
+    window then is `win_layout="ring"`: `k_win/v_win [B, W, Hkv, *]`, position p at row `p % W`
+    (`W >= window`), or `"pages"`: read from the raw cache's pages (`k_win is k_sel`, a layer
+    with shared K/V). `page_table` (int32 `[B, pages]`, with `page_size`, a multiple of
+    `sel_block`): `k_sel/v_sel` are a pool `[n_pages, page_size, Hkv, *]` and sequence b's
+    position p sits in page `page_table[b, p // page_size]`. `idx`: the selected blocks given
+    (`[B, 1, Hkv, sel_count]` int32, -1 padded, e.g. from an external indexer): no top-n runs.
     `_trace` (diagnostics, CUDA only): an int64 `[>= B*Hkv, TRACE_SLOTS]` buffer the kernels stamp
-    with the global timer (TRACE_NAMES; the caller initialises it, bench/experiments/decode_trace.py)."""
+    with the global timer (TRACE_NAMES; the caller initialises it, bench/experiments/decode_trace.py).
+    `_plan`: return the step's `DecodeLaunch` instead of running it; `scratch`: a dict the caller
+    keeps, whose buffers the step reuses (allocated on first use)."""
     b, _, hq, dk = q.shape
-    hkv, dv, tc = k_sel.shape[2], v_sel.shape[-1], k_cmp.shape[1]
+    hkv, dv = k_sel.shape[2], v_sel.shape[-1]
     q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = unit_last_stride(q, k_cmp, v_cmp, k_sel, v_sel, k_win, v_win)
     group = hq // hkv
     dvc = tiles.dout_cols
@@ -614,8 +698,32 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     launch_pdl = {"launch_pdl": True} if pdl else {}   # B, C, D; A waits for the step's earlier kernels
     r, e = _geometry(block, stride, sel_block, ch)
     nbk = ch // r
-    nvis = min(tc, max(0, (t + 1 - block) // stride + 1))
-    nch = triton.cdiv(nvis, ch)
+    # Compressed tokens visible at the bound t (each group's own count is taken on the device).
+    tc = min(k_cmp.shape[1], max(0, (t + 1 - block) // stride + 1))
+    nchs = triton.cdiv(tc, ch)
+    devpos = pos is not None
+    paged = page_table is not None
+    wmode = {"tail": 0, "ring": 1, "pages": 2}.get(win_layout)
+    if wmode is None or (wmode == 0) == devpos or (wmode == 2 and not paged):
+        raise ValueError(f"win_layout must be 'tail' (host position t), 'ring' or 'pages' (positions on the device; "
+                         f"'pages' with a page_table), got {win_layout!r} with pos {'given' if devpos else 'None'}")
+    if devpos and (pos.dtype != torch.int32 or pos.shape != (b,) or pos.device != torch.device(dev)
+                   or not pos.is_contiguous()):
+        raise ValueError(f"pos must be a contiguous int32 [{b}] tensor on {dev}, got {pos.dtype} {list(pos.shape)}")
+    if paged:
+        if page_size < sel_block or page_size % sel_block:
+            raise ValueError(f"page_size must be a multiple of sel_block={sel_block}, got {page_size}")
+        if (page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != b
+                or page_table.stride(1) != 1 or page_table.device != torch.device(dev)):
+            raise ValueError(f"page_table must be int32 [{b}, pages] (unit last stride) on {dev}, got "
+                             f"{page_table.dtype} {list(page_table.shape)}")
+        for name, x in (("k_sel", k_sel), ("v_sel", v_sel)):
+            if x.shape[1] != page_size or x.stride(0) != page_size * x.stride(1):
+                raise ValueError(f"{name} must be a page pool [n_pages, {page_size}, Hkv, D] with pages one after "
+                                 f"another, got shape {list(x.shape)} strides {x.stride()}")
+        pt, spt = page_table, page_table.stride(0)
+    else:
+        pt, spt = q, 0                                   # unused
     # Tiles.dec_flags: per-group done-counts (A's chunks, C's merges, B's top-n, C's blocks), so
     # each kernel waits for its own group, not for the grid before it (only with
     # dependent launch, which starts a kernel once every program of the one before has started).
@@ -633,17 +741,30 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     nbh = sync.shape[-1]
     # Every buffer before the first launch: a step that fails part way leaves no count behind.
     pdt = torch.float32 if tiles.dec_part_fp32 else q.dtype   # partial outputs; (m, l) and scores fp32
-    pml, pacc = _scratch(bh * nch * 2 * bg, dev), _scratch(bh * nch * bg * bdv, dev, pdt)
-    psc, psp = _scratch(bh * nch * bg * nbk, dev), _scratch(bh * nch * bg, dev)
-    nb, cur = t // sel_block + 1, t // sel_block
-    sw = np2(nb)
-    s = _scratch(bh * (sw + tiles.dtop_cap), dev)
-    idx = torch.empty(b, 1, hkv, sel_count, dtype=torch.int32, device=dev)
+    def _buf(name: str, n: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        if scratch is None:
+            return _scratch(n, dev, dtype)
+        have = scratch.get(name)
+        if have is None or have.numel() < max(n, 1) or have.dtype != dtype or have.device != torch.device(dev):
+            have = scratch[name] = _scratch(n, dev, dtype)
+        return have
+
+    pml, pacc = _buf("pml", bh * nchs * 2 * bg), _buf("pacc", bh * nchs * bg * bdv, pdt)
+    psc, psp = _buf("psc", bh * nchs * bg * nbk), _buf("psp", bh * nchs * bg)
+    sw = np2(t // sel_block + 1)
+    s = _buf("s", bh * (sw + tiles.dtop_cap))
+    ext = {"EXT": idx is not None}
+    if idx is None:
+        idx = torch.empty(b, 1, hkv, sel_count, dtype=torch.int32, device=dev)
+    elif (idx.dtype != torch.int32 or tuple(idx.shape) != (b, 1, hkv, sel_count) or idx.stride(-1) != 1
+          or idx.device != torch.device(dev)):
+        raise ValueError(f"idx must be int32 [{b}, 1, {hkv}, {sel_count}] on {dev} (unit last stride), got "
+                         f"{idx.dtype} {list(idx.shape)}")
     ncol = bdv // dvc
-    oc = _scratch(bh * bg * bdv, dev)
+    oc = _buf("oc", bh * bg * bdv)
     nwp = triton.cdiv(window, WIN_BLOCK) + 1        # blocks the window can touch (a fixed count: no recompiles)
-    bml, bacc = _scratch(bh * sel_count * 2 * bg, dev), _scratch(bh * sel_count * bg * bdv, dev, pdt)
-    wml, wacc = _scratch(bh * nwp * 2 * bg, dev), _scratch(bh * nwp * bg * bdv, dev, pdt)
+    bml, bacc = _buf("bml", bh * sel_count * 2 * bg), _buf("bacc", bh * sel_count * bg * bdv, pdt)
+    wml, wacc = _buf("wml", bh * nwp * 2 * bg), _buf("wacc", bh * nwp * bg * bdv, pdt)
     out = common.empty_out(b, 1, hq, dv, dtype=q.dtype, device=dev)
     if _trace is not None and (_trace.dtype != torch.int64 or _trace.dim() != 2 or _trace.shape[0] < bh
                                or _trace.shape[1] != TRACE_SLOTS.value or not _trace.is_contiguous()
@@ -653,34 +774,64 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     trace = {"TRACE": _trace is not None}
     tr = _trace if _trace is not None else sync
     host = interpreting()
-    loop = dict(NCH_HOST=nch if host else 0, DYN=not host)
-    try:
-        if nch or flags:           # with flags, program 0 of each group also resets two counts
-            _dec_cmp[(max(nch, 1), bh)](q, k_cmp, v_cmp, pml, pacc, psc, psp, sync, tr, q.stride(0), q.stride(2),
-                                k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1),
-                                v_cmp.stride(2), nvis, nch, nbh, scale, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e, D=stride,
-                                DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags, **trace,
-                                **tiles.launch("dec"))
-        _dec_topn[(1, bh)](pml, psc, psp, s, idx, sync, tr, idx.stride(0), idx.stride(2), nch, nb, cur,
-                                  nbh, **loop, HKV=hkv, BG=bg, NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count),
-                                  CB=tiles.dec_cb,
-                                  **sort_params(sw, sel_count, tiles.dtop_algo, tiles.dtop_cap, tiles.topn_nchunk,
-                                                tiles.dtop_sort64),
-                                  ONCE=tiles.dtop_once, PDL=pdl, FLAGS=flags, **trace, **launch_pdl,
-                                  num_warps=tiles.dtop_warps)
-        _dec_blocks[(sel_count + nwp + ncol, bh)](
-            q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, pml, pacc, oc, sync, tr, nch, q.stride(0), q.stride(2), k_sel.stride(0),
-            k_sel.stride(1), k_sel.stride(2), v_sel.stride(0), v_sel.stride(1), v_sel.stride(2), k_win.stride(0),
-            k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1), v_win.stride(2), idx.stride(0),
-            idx.stride(2), t, k_sel.shape[1], t + 1 - k_win.shape[1], scale, nbh, HKV=hkv, G=group, BG=bg,
-            N_SEL=sel_count, SEL=sel_block, WB=WIN_BLOCK, NWP=nwp, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact,
-            PDL=pdl, FLAGS=flags, **trace, **loop, CB=tiles.dec_cb, DVC=dvc, **launch_pdl, **tiles.launch("dblk"))
-        _dec_out[(bh, ncol)](oc, bml, bacc, wml, wacc, gates, out, sync, tr, gates.stride(0), gates.stride(2),
-                             gates.stride(3), out.stride(0), out.stride(2), nbh, nch, HKV=hkv, G=group, BG=bg,
-                             NSPL=sel_count, NWP=nwp, NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv, BDV=bdv, DVC=dvc,
-                             PDL=pdl, FLAGS=flags, **trace, **launch_pdl, num_warps=tiles.dout_warps)
-    except BaseException:
-        if flags and counts is not None:
-            counts.zero_()            # kernels launched before the failure counted; the next step starts at 0
-        raise
+    loop = dict(NCH_HOST=nchs if host else 0, DYN=not host)
+    posa = pos if devpos else sync                   # unused without DEVPOS
+    geo = dict(DEVPOS=devpos, E=e, D=stride, CH=ch)
+    win = window if devpos else k_win.shape[1]       # host t: the window cache holds positions t+1-nw .. t
+    wcap = k_win.shape[1] if wmode == 1 else 1
+    if wmode == 1 and wcap < window:
+        raise ValueError(f"a ring window cache needs >= window={window} rows, got {wcap}")
+    ps = page_size if paged else 0
+    ksb, vsb = (0, 0) if paged else (k_sel.stride(0), v_sel.stride(0))
+    len_sel = 2 ** 31 - 1 if paged else k_sel.shape[1]
+    launches = []
+    if nchs or flags:              # with flags, program 0 of each group also resets two counts
+        launches.append((_dec_cmp, (max(nchs, 1), bh), (
+            q, k_cmp, v_cmp, pml, pacc, psc, psp, sync, tr, posa, t, tc, nchs, q.stride(0), q.stride(2),
+            k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), nbh,
+            scale), dict(DEVPOS=devpos, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e, D=stride, DK=dk, DV=dv, BDK=bdk,
+                         BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags, **trace, **tiles.launch("dec"))))
+    launches.append((_dec_topn, (1, bh), (pml, psc, psp, s, idx, sync, tr, posa, t, tc, nchs, idx.stride(0),
+                                          idx.stride(2), nbh), dict(
+        **loop, **geo, **ext, SEL=sel_block, HKV=hkv, BG=bg, NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count),
+        CB=tiles.dec_cb, **sort_params(sw, sel_count, tiles.dtop_algo, tiles.dtop_cap, tiles.topn_nchunk,
+                                       tiles.dtop_sort64),
+        ONCE=tiles.dtop_once, PDL=pdl, FLAGS=flags, **trace, **launch_pdl, num_warps=tiles.dtop_warps)))
+    launches.append((_dec_blocks, (sel_count + nwp + ncol, bh), (
+        q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, pml, pacc, oc, sync, tr, posa, t, tc, nchs,
+        pt, spt, win, wcap, q.stride(0), q.stride(2), ksb, k_sel.stride(1), k_sel.stride(2), vsb, v_sel.stride(1),
+        v_sel.stride(2), k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1),
+        v_win.stride(2), idx.stride(0), idx.stride(2), len_sel, scale, nbh), dict(
+        **geo, PAGE=ps, WMODE=wmode, HKV=hkv, G=group, BG=bg, N_SEL=sel_count, SEL=sel_block, WB=WIN_BLOCK,
+        NWP=nwp, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags, **trace, **loop,
+        CB=tiles.dec_cb, DVC=dvc, **launch_pdl, **tiles.launch("dblk"))))
+    launches.append((_dec_out, (bh, ncol), (
+        oc, bml, bacc, wml, wacc, gates, out, sync, tr, posa, t, tc, gates.stride(0), gates.stride(2),
+        gates.stride(3), out.stride(0), out.stride(2), nbh), dict(
+        **geo, HKV=hkv, G=group, BG=bg, NSPL=sel_count, NWP=nwp, NPS=np2(sel_count, 1), NPW=np2(nwp, 1), DV=dv,
+        BDV=bdv, DVC=dvc, PDL=pdl, FLAGS=flags, **trace, **launch_pdl, num_warps=tiles.dout_warps)))
+    step = DecodeLaunch(launches, out, idx, sync if flags and counts is not None else None)
+    if _plan:
+        return step
+    step()
     return out, idx
+
+
+class DecodeLaunch:
+    """The four launches of one decode step with every argument bound (`decode_step(_plan=True)`):
+    calling it runs them again on the same buffers, so a caller whose inputs live in fixed buffers
+    (nsa.serving: positions on the device) pays the step's host work once, then only the
+    launches. `out` and `idx` are rewritten by every call."""
+
+    def __init__(self, launches: list, out: Tensor, idx: Tensor, counts: Tensor | None) -> None:
+        self.launches = [common.BoundLaunch(*launch) for launch in launches]
+        self.out, self.idx, self.counts = out, idx, counts
+
+    def __call__(self) -> None:
+        try:
+            for launch in self.launches:
+                launch()
+        except BaseException:
+            if self.counts is not None:
+                self.counts.zero_()   # kernels launched before the failure counted; the next step starts at 0
+            raise

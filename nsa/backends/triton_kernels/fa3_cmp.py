@@ -20,7 +20,7 @@ is again a view of `q` (and of the output); the keys are `k_cmp[b]` viewed as `[
 (With G > 1 the heads of one group and the step offsets would form a 2-D head index no single
 stride reaches, hence the tiling there.)
 
-Where it runs: CUDA on sm90, bf16 (the wheel's build), head dims it has, `q_start == 0` (prefill),
+Where it runs: CUDA where the GPU profile has the `fa3` feature (sm90), bf16 (the wheel's build), head dims it has, `q_start == 0` (prefill),
 `Tiles.cmp_fa3`, GQA groups of at least `Tiles.cmp_fa3_min_group` heads or, with
 `Tiles.cmp_fa3_g1`, G = 1, and `B * Hq * T**2` at least `Tiles.cmp_fa3_min_work` (smaller
 prefills are bound by the host, where this call's ~0.4-0.8 ms of Python and extra launches cost
@@ -40,7 +40,9 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-MODULE = "fa3_fwd_interface"
+from nsa import profiles
+
+MODULE = profiles.WHEELS["fa3"]
 # Devices and dtypes its kernels take (the wheel is built for bf16 only). CPU tests add "cpu" and
 # fp32 to drive a pure-torch double: Triton's interpreter does not compute bf16 dots correctly.
 DEVICES = ("cuda",)
@@ -56,15 +58,11 @@ def load() -> ModuleType | None:
         return None
 
 
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
-def hopper(device: torch.device) -> bool:
-    """sm90 (Hopper) only: the wheel's FA-3 kernels are Hopper's (its sm8x build is FA-2-like),
-    and the trade was measured only there; other CUDA GPUs keep the Triton kernel. Non-CUDA
-    devices (the tests' double) pass."""
-    return device.type != "cuda" or _capability(device) == (9, 0)
+def enabled(device: torch.device) -> bool:
+    """The device's GPU profile has the `fa3` feature (sm90 only: the wheel's FA-3 kernels are
+    Hopper's, its sm8x build FA-2-like, and the trade was measured only there); other CUDA GPUs
+    keep the Triton kernel. Non-CUDA devices (the tests' double) pass."""
+    return device.type != "cuda" or profiles.profile_for(device).features.fa3
 
 
 def usable(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int, stride: int, q_start: int) -> bool:
@@ -73,7 +71,7 @@ def usable(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int, stride: int, 
     tq, hq, dk = q.shape[1], q.shape[2], q.shape[3]
     return (q.device.type in DEVICES and q.dtype in DTYPES and (dk, v_cmp.shape[-1]) in _DIMS
             and q_start == 0 and block >= stride and (tq - (block - 1)) // stride >= 1
-            and q.stride(-1) == 1 and q.stride(2) == dk and q.stride(1) == hq * dk and hopper(q.device)
+            and q.stride(-1) == 1 and q.stride(2) == dk and q.stride(1) == hq * dk and enabled(q.device)
             and load() is not None)
 
 

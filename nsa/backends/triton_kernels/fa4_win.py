@@ -4,7 +4,7 @@ kernel (sliding.py), one call, FA-4's local mask `window_size = (w - 1, 0)` with
 right edge. Layout `[B, T, H, D]` in and out, as ours; GQA by FA-4's own head mapping (KV head
 `h // G`, the same as `nsa.ops`), so no repeated keys.
 
-Where it runs: CUDA on sm90, bf16, the head-dim pairs in `_DIMS` (each checked against the fp64
+Where it runs: CUDA where the GPU profile has the `fa4` feature (sm90), bf16, the head-dim pairs in `_DIMS` (each checked against the fp64
 oracle on the H100: tests/nsa/test_fa4_win.py), a prefill over the whole sequence (`q_start ==
 k_start == 0`, as many queries as keys), `Tiles.win_fa4`, `B * Hq * T**2` at least
 `Tiles.win_fa4_min_work` (smaller prefills are bound by the host, and FA-4's call costs it
@@ -28,7 +28,9 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-MODULE = "flash_attn.cute"
+from nsa import profiles
+
+MODULE = profiles.WHEELS["fa4"]
 # Devices and dtypes it takes here (bf16: what was measured). CPU tests add "cpu" and fp32 to
 # drive a pure-torch double.
 DEVICES = ("cuda",)
@@ -58,21 +60,17 @@ def load() -> ModuleType | None:
     return mod
 
 
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
-def hopper(device: torch.device) -> bool:
-    """sm90 only: the trade was measured there; other CUDA GPUs keep the band kernel. Non-CUDA
-    devices (the tests' double) pass."""
-    return device.type != "cuda" or _capability(device) == (9, 0)
+def enabled(device: torch.device) -> bool:
+    """The device's GPU profile has the `fa4` feature (sm90: the trade was measured there); other
+    CUDA GPUs keep the band kernel. Non-CUDA devices (the tests' double) pass."""
+    return device.type != "cuda" or profiles.profile_for(device).features.fa4
 
 
 def usable(q: Tensor, k: Tensor, v: Tensor, *, window: int, q_start: int, k_start: int) -> bool:
     """FA-4 can take this window call (the module doc's conditions)."""
     return (q.device.type in DEVICES and q.dtype in DTYPES and k.dtype == q.dtype and v.dtype == q.dtype
             and (q.shape[-1], v.shape[-1]) in _DIMS and q_start == 0 and k_start == 0
-            and q.shape[1] == k.shape[1] and window >= 1 and hopper(q.device) and load() is not None)
+            and q.shape[1] == k.shape[1] and window >= 1 and enabled(q.device) and load() is not None)
 
 
 def sliding(q: Tensor, k: Tensor, v: Tensor, *, window: int, scale: float) -> Tensor:

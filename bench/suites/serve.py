@@ -1,0 +1,155 @@
+"""Serving decode: one step of a batch through nsa.serving's paged cache, eager and replayed
+from a CUDA graph, beside the same tokens in the contiguous cache of `NSAAttention.step` and
+beside dense attention over them.
+
+Cells (op `nsa_serve`): `B` sequences, either all of length `T` or, with `ragged` = (lo, hi,
+seed), lengths drawn uniformly in [lo, hi] (`lengths(params)`); the layer of bench.suites.decode's
+target (64/4 heads, D 128, NSA geometry of the paper), bf16. Every sequence holds its tokens
+and the step is the next token of each.
+
+Variants, each one step of the whole layer (projections, cache appends, attention, o_proj):
+- `paged_eager`: `PagedCache.step(x_t)` (the host's page work included);
+- `paged_graph`: `GraphedDecode(cache)(x_t)`: page work, input copy, one replay, output copy;
+- `contig_eager`, `contig_graph`: `NSAAttention.step` on contiguous caches of B sequences of one
+  length (the cell's `T`, or for a ragged cell the mean of its lengths, so the same tokens), with
+  the triton backend's fused step; the graph variant as bench.suites.decode's `capture_step`;
+- `dense_cudnn`: SDPA (cuDNN) of the step's query over every cached key, eager, contiguous
+  (`B` x the same length): what dense attention alone costs.
+The cache's lengths are set back before every timed call (a setup outside the timed region), so
+every sample is the same step. Before timing, the paged step's output is checked against the
+contiguous step's on the same tokens (equal-length cells; `failed` when they differ beyond bf16
+rounding): the two must be the same work.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from bench.cases import CaseSpec, Cell, Variant, Workload, product
+
+VARIANTS = (Variant("contig_graph", "baseline"), Variant("paged_graph"), Variant("paged_eager"),
+            Variant("contig_eager"), Variant("dense_cudnn"))
+NSA = {"block": 32, "stride": 16, "sel_block": 64, "sel_count": 16, "window": 512}
+TARGET = {"B": 8, "Hq": 64, "Hkv": 4, "Dk": 128, "Dv": 128, "dim": 2560, **NSA, "page": 64}
+SMOKE = {"B": 3, "Hq": 4, "Hkv": 2, "Dk": 64, "Dv": 64, "dim": 256, **NSA, "page": 64}
+RAGGED = (4096, 65536, 0)
+
+SPECS = (CaseSpec("nsa_serve", VARIANTS, {
+    "smoke": product(layout=(SMOKE,), T=(200,), dtype=("bf16",)),
+    # Nightly: the one ragged paged decode cell (B = 32, 4k-64k) with its trend.
+    "nightly": product(layout=({**TARGET, "B": 32, "ragged": RAGGED},), T=(0,), dtype=("bf16",)),
+    "full": (product(layout=(TARGET,), T=(8192, 16384, 32768, 65536), dtype=("bf16",))
+             + product(layout=({**TARGET, "B": 32, "ragged": RAGGED},), T=(0,), dtype=("bf16",))),
+}),)
+
+
+def lengths(p: dict[str, Any]) -> list[int]:
+    """The cell's sequence lengths: `T` for each of `B`, or `ragged` = (lo, hi, seed) drawn uniformly."""
+    if p.get("ragged"):
+        lo, hi, seed = p["ragged"]
+        rng = random.Random(seed)
+        return [rng.randint(lo, hi) for _ in range(p["B"])]
+    return [p["T"]] * p["B"]
+
+
+def build(cell: Cell, device) -> Workload:
+    from bench.runner import is_oom, release, why
+
+    work = Workload(fns={}, backends={v.key: v.backend for v in cell.variants}, dtype=cell.params["dtype"])
+    try:
+        _populate(work, cell, device)
+    except Exception as exc:  # noqa: BLE001 - filed per variant, as bench.suites.decode does
+        for v in cell.variants:
+            if v.key not in work.reasons and v.key not in work.failures:
+                work.reasons[v.key] = (f"out of memory while building the inputs: {why(exc)}" if is_oom(exc)
+                                       else f"building the inputs raised {why(exc)}")
+                if not is_oom(exc):
+                    work.failures[v.key] = work.reasons.pop(v.key)
+        work.fns.clear()
+        work.setups.clear()
+        release(device.type)
+    return work
+
+
+def _populate(work: Workload, cell: Cell, device) -> None:
+    import torch
+
+    from bench.suites.decode import _module, capture_step, dense_decode, fill_cache
+    from nsa.backends import triton_nsa
+    from nsa.serving import GraphedDecode, PagedCache
+
+    p = cell.params
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[p["dtype"]]
+    why = triton_nsa.unavailable_reason(device)
+    if why is not None:
+        for v in cell.variants:
+            work.reasons[v.key] = f"the paged decode step needs the triton backend: {why}"
+        return
+    keys = {v.backend: v.key for v in cell.variants}
+    attn, config = _module({**p, "nsa_backend": "triton"}, device, dtype)
+    lens = lengths(p)
+    b = len(lens)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x_t = torch.randn(b, 1, p["dim"], generator=gen).to(device=device, dtype=dtype)
+    cache = PagedCache(attn, max_seqs=b, max_len=max(lens) + 64, page_size=p["page"])
+    even = round(sum(lens) / b)             # contiguous: B sequences of one length, the same tokens
+    with torch.no_grad():
+        xs = torch.randn(b, even, p["dim"], generator=gen).to(device=device, dtype=dtype)
+        for i, n in enumerate(lens):        # one sequence at a time: only one contiguous copy at once
+            x = xs[i:i + 1] if n == even else torch.randn(1, n, p["dim"], generator=gen).to(device=device, dtype=dtype)
+            cache.load(cache.add(), fill_cache(attn, x))
+            del x
+        saved = cache.lengths.clone()
+        saved_host = list(cache.lens)
+
+        def restore() -> None:
+            cache.lengths.copy_(saved)
+            cache.lens[:] = saved_host
+
+        work.fns[keys["paged_eager"]] = lambda: cache.step(x_t)
+        work.setups[keys["paged_eager"]] = restore
+        if device.type == "cuda":
+            graphed = GraphedDecode(cache)
+            work.fns[keys["paged_graph"]] = lambda: graphed(x_t)
+            work.setups[keys["paged_graph"]] = restore
+        snapshot = fill_cache(attn, xs)
+        del xs
+        contig = _contiguous(snapshot)
+        if device.type == "cuda":
+            work.fns[keys["contig_graph"]] = capture_step(attn, x_t, snapshot, ("cmp", "sel", "win"))
+        else:
+            work.reasons[keys["contig_graph"]] = "CUDA graphs need a CUDA device"
+            work.reasons[keys["paged_graph"]] = "CUDA graphs need a CUDA device"
+        state = {}
+
+        def setup_contig() -> None:
+            state["cache"] = contig()
+
+        work.fns[keys["contig_eager"]] = lambda: attn.step(x_t, state["cache"])
+        work.setups[keys["contig_eager"]] = setup_contig
+        k, v = (buf.view() for buf in snapshot.raw["sel"])
+        q = torch.randn(b, 1, p["Hq"], p["Dk"], generator=gen).to(device=device, dtype=dtype)
+        if device.type == "cuda":
+            from torch.nn.attention import SDPBackend
+            work.fns[keys["dense_cudnn"]] = lambda: dense_decode(q, k, v, SDPBackend.CUDNN_ATTENTION,
+                                                                 config.softmax_scale)
+        else:
+            work.reasons[keys["dense_cudnn"]] = "cuDNN attention needs a CUDA device"
+        if not p.get("ragged"):             # the same work: paged and contiguous agree on one step
+            restore()
+            setup_contig()
+            paged, dense = cache.step(x_t), attn.step(x_t, state["cache"])
+            restore()
+            err = float((paged.float() - dense.float()).abs().max() / dense.float().abs().max().clamp(min=1e-6))
+            if not err < 2e-2:
+                for v in cell.variants:
+                    work.failures[v.key] = f"the paged step differs from the contiguous step by {err:.3g} (max rel)"
+                work.fns.clear()
+
+
+def _contiguous(snapshot):
+    """A fresh copy of a contiguous cache per timed call (a step appends to it)."""
+    import copy
+
+    return lambda: copy.deepcopy(snapshot)
