@@ -16,7 +16,7 @@ GPU_WORKFLOW := .github/workflows/gpu-bench.yml
 DECIDE_LOCK := requirements/decide.txt
 DECIDE_VENV ?= .venv-decide
 
-.PHONY: setup ci-env ci-env-decide decide-lock test test-slow test-gpu test-gpu-smoke test-fa2-parity lint pipeline gpu-bench clean
+.PHONY: setup ci-env ci-env-decide decide-lock test test-slow test-gpu test-gpu-smoke test-fa2-parity lint pipeline gpu-bench mutants clean
 
 # Editable, with the pipeline's dependencies and the tools: an editable install is what maps bench/
 # and ci/ besides nsa/ (setup.py); `pip install .` ships the nsa library alone.
@@ -100,6 +100,19 @@ gpu-bench: VENV_ARGS = --system-site-packages
 gpu-bench: setup
 	$(PY) -m ci workflow-steps $(GPU_WORKFLOW) --job gpu
 	$(PY) -m ci workflow-steps $(GPU_WORKFLOW) --job decide
+
+## mutants: the mutation scripts of lab/mutations/ over a copy of this tree in out/mutants/tree (this checkout is
+## never edited): each mutation must make a test fail ("killed"; "SURVIVED" is a gap in the tests). MUTANTS picks
+## the scripts (`<name>_mutations.sh`); the default ones run on CPU under Triton's interpreter (tens of minutes).
+## The GPU ones on a GPU machine: make mutants MUTANTS="graph beside" MUTANTS_PY=python3
+MUTANTS ?= fa4 wheel_floor selb_forced scores_topn
+MUTANTS_PY ?= $(abspath $(PY))
+mutants: setup
+	rm -rf out/mutants && mkdir -p out/mutants/tree
+	git ls-files -z --cached --others --exclude-standard | tar --null -T - --ignore-failed-read -cf - | tar -xf - -C out/mutants/tree
+	cd out/mutants/tree && $(MUTANTS_PY) -c "import nsa, pathlib, sys; sys.exit(pathlib.Path(nsa.__file__).resolve().is_relative_to(pathlib.Path.cwd().resolve()) is False)" || \
+	  { echo "mutants: $(MUTANTS_PY) imports nsa from outside out/mutants/tree; the mutations would not be tested" >&2; exit 1; }
+	for m in $(MUTANTS); do echo "== $$m"; PY=$(MUTANTS_PY) bash out/mutants/tree/lab/mutations/$${m}_mutations.sh || exit 1; done
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

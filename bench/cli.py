@@ -3,6 +3,7 @@
     python -m bench run --suites fa2,triton,calibration --size nightly --out results/x.json
     python -m bench list --suites fa2 --size nightly
     python -m bench merge shard0.json shard1.json --out all.json
+    python -m bench readme-table --readme README.md    # a tool: see `python -m bench TOOL --help`
 
 Exit codes: 0 done; 1 a run could not finish (the message says why); 2 bad usage or bad input
 (a merge's shard files, an --out that is a folder, a full disk or an unwritable folder), with a
@@ -13,6 +14,7 @@ message saying how to fix it;
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shlex
 import subprocess
@@ -27,6 +29,12 @@ from bench.cases import SIZES, Cell, shard
 from bench.timing import Timer
 from nsa_contract import exits, keys, results
 from nsa_contract import suites as lists
+
+# Tools beside the suites: each a module with its own `main(argv) -> int` and --help.
+TOOLS = {
+    "readme-table": ("bench.readme_table", "regenerate the README's results table from a results file"),
+    "forward-ab": ("bench.forward_ab", "time the whole NSA forward under several Tiles variants, interleaved (CUDA)"),
+}
 
 
 def _csv_list(text: str) -> list[str]:
@@ -110,11 +118,15 @@ def _parser() -> argparse.ArgumentParser:
     merge = sub.add_parser("merge", help="merge shard results files of one run into one")
     merge.add_argument("files", nargs="+")
     merge.add_argument("--out", required=True)
+    for name, (_, help_text) in TOOLS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in TOOLS:
+        return importlib.import_module(TOOLS[argv[0]][0]).main(argv[1:])
     args = _parser().parse_args(argv)
     command = shlex.join(["python", "-m", "bench", *argv])
     try:

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 def decode_inputs(t: int, b: int, device: str, dtype):
     """The issue's decode layout, random (seed 0): q `[b, 1, 64, 128]`, gates `[b, 1, 64, 3]`, one
     raw K/V `[b, t, 4, 128]` for every branch and its compressed K/V (l 32, d 16). Shared with
-    bench/experiments/decode_chain.py, so both time the same inputs."""
+    lab/decode_chain.py, so both time the same inputs."""
     import torch
 
     from nsa import ops
@@ -247,24 +247,13 @@ def _separate_step(triton_nsa, q, gates, kc, vc, k, v, kw, vw, s0):
 
 
 def _tile_changes(pairs: list[str], base) -> dict:
-    """`--tile NAME=VALUE` pairs -> Tiles field changes, typed like the field's current value."""
-    from nsa.profiles.tiles import FIELDS
+    """`--tile NAME=VALUE` pairs -> Tiles field changes (bench.forward_ab.tile_changes); a bad pair exits."""
+    from bench.forward_ab import tile_changes
 
-    out = {}
-    for pair in pairs:
-        name, sep, raw = pair.partition("=")
-        if not sep or name not in FIELDS:
-            raise SystemExit(f"--tile takes NAME=VALUE with NAME a Tiles field, got {pair!r}")
-        cur = getattr(base, name)
-        if isinstance(cur, bool):
-            if raw not in ("True", "False"):
-                raise SystemExit(f"--tile {name} takes True or False, got {raw!r}")
-            out[name] = raw == "True"
-        elif isinstance(cur, int) or cur is None:
-            out[name] = None if raw == "None" else int(raw)
-        else:
-            out[name] = raw
-    return out
+    try:
+        return tile_changes(pairs, base)
+    except ValueError as exc:
+        raise SystemExit(f"--tile: {exc}") from None
 
 
 def _prefill_kernels(args, fn, iters: int = 10) -> int:

@@ -4,7 +4,7 @@ The GPU job's first `run:` step. It passes only for `schedule` and for `workflow
 default branch, the two triggers of `gpu-bench.yml`, which only people with write access can
 cause. This is defence in depth and nothing more: a fork's pull request can edit its own copy of a
 workflow and delete this step. What keeps fork code off the GPU runner are the repository and
-runner-group settings the README lists ("Security: the self-hosted GPU runner").
+runner-group settings docs/workflows.md lists ("Security: the self-hosted GPU runner").
 
 Reads GITHUB_ACTIONS, GITHUB_EVENT_NAME, GITHUB_REF and the default branch from NSA_DEFAULT_BRANCH
 or else from the event payload (GITHUB_EVENT_PATH). GitHub does not let a workflow's `env:`
@@ -28,7 +28,7 @@ from nsa_contract import exits
 HELP = "refuse to run unless the event is schedule, or workflow_dispatch on the default branch"
 TRUSTED_EVENTS = ("schedule", "workflow_dispatch")
 FIX = ("run it from the Actions tab (workflow_dispatch) on the default branch, or let the nightly "
-       "schedule run it; README: \"Security: the self-hosted GPU runner\"")
+       "schedule run it; docs/workflows.md: \"Security: the self-hosted GPU runner\"")
 
 
 class Refused(Exception):

@@ -18,8 +18,8 @@ carries nothing. Failed and skipped cases are not kept: they carry no timing, an
 their own run already says why.
 
 Growth, measured on the committed results (``tests/ci/test_history.py`` pins these numbers):
-``results/h100/triton-nightly.json`` (84 cases, 626 KB raw) gives a 58 KB record (13 KB zlib) and
-``results/h200/nightly-fa2.json`` (130 cases, 1.39 MB raw) a 93 KB record (21 KB zlib): about
+``tests/data/h100/triton-nightly.json.xz`` (84 cases, 626 KB raw) gives a 58 KB record (13 KB zlib) and
+``tests/data/h200/nightly-fa2.json.xz`` (130 cases, 1.39 MB raw) a 93 KB record (21 KB zlib): about
 0.7 KB per case (``host_ms``, which these older files lack, adds ~20 bytes). A whole nightly of
 ~470 cases makes a ~320 KB record (~65 KB as git stores it; the four committed H100 records,
 docs/pipeline.md "History"). At the default of 30 runs kept per model, a model's folder holds at

@@ -5,9 +5,9 @@
 # Caches a job writes under the runner user's $HOME (Triton's kernels in ~/.triton, pip's wheels
 # and torch's and Triton's files in ~/.cache, CUDA's JIT cache in ~/.nv/ComputeCache) are wiped with
 # it, so no job can leave a compiled kernel or a wheel for the next one. Other files under $HOME
-# (~/.local, shell startup files) are not: the runner user must own nothing else, as the README says.
+# (~/.local, shell startup files) are not: the runner user must own nothing else, as docs/workflows.md says.
 #
-# README "Security: the self-hosted GPU runner" says which settings must be in place first (the
+# docs/workflows.md "Security: the self-hosted GPU runner" says which settings must be in place first (the
 # runner group limited to this repository and to gpu-bench.yml on the default branch, approval for
 # outside collaborators' workflows). Run it from the folder where the actions/runner release is
 # unpacked, as an unprivileged user (a systemd unit with Restart=always keeps it going):
@@ -22,7 +22,7 @@
 set -euo pipefail
 
 : "${NSA_RUNNER_ORG:?set NSA_RUNNER_ORG to the organization that owns the runner group}"
-: "${NSA_RUNNER_GROUP:?set NSA_RUNNER_GROUP to the runner group limited to gpu-bench.yml (README)}"
+: "${NSA_RUNNER_GROUP:?set NSA_RUNNER_GROUP to the runner group limited to gpu-bench.yml (docs/workflows.md)}"
 : "${NSA_RUNNER_LABELS:?set NSA_RUNNER_LABELS, e.g. gpu,sm90}"
 : "${NSA_RUNNER_ADMIN_TOKEN_FILE:?set NSA_RUNNER_ADMIN_TOKEN_FILE to a file holding the admin token}"
 api="${GITHUB_API_URL:-https://api.github.com}"

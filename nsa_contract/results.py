@@ -7,7 +7,9 @@ that would mislead the decision step is rejected when written, not when a PR is 
 
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 import math
 import os
 import re
@@ -247,11 +249,23 @@ def check(doc: Any, source: str = "results") -> dict[str, Any]:
     return dict(doc)
 
 
+# Committed archives are stored compressed (results/README.md); reading them needs no unpacking step.
+_DECOMPRESS = {".xz": lzma.decompress, ".gz": gzip.decompress}
+
+
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate one results file."""
+    """Read and validate one results file: JSON, or JSON compressed by xz (`.json.xz`) or gzip (`.json.gz`)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
+        unpack = _DECOMPRESS.get(p.suffix)
+        if unpack is not None:
+            try:
+                data = unpack(data)
+            except (lzma.LZMAError, EOFError, OSError) as exc:
+                raise ResultsError(f"results file {p} must be {p.suffix[1:]}-compressed JSON, got data that does not "
+                                   f"decompress ({exc}); regenerate it with `python -m bench run`") from None
+        text = data.decode("utf-8")
     except OSError as exc:
         raise ResultsError(f"cannot read results file {p}: {exc.strerror}; check the path") from None
     except UnicodeDecodeError as exc:

@@ -21,7 +21,7 @@ def _exe(path: Path, body: str) -> None:
 @pytest.mark.skipif(shutil.which("bash") is None or os.name != "posix", reason="needs bash")
 def test_the_caches_under_home_are_wiped_between_jobs(tmp_path: Path) -> None:
     """Issue 34, item 6: the script removed `_work` only; `~/.triton` and `~/.cache/pip` of one job
-    survived into the next, contrary to the README. One job runs (writing both), then the second
+    survived into the next, contrary to docs/workflows.md. One job runs (writing both), then the second
     registration fails and the script stops: by then every cache of the job is gone."""
     runner, home, bin_dir = tmp_path / "runner", tmp_path / "home", tmp_path / "bin"
     for d in (runner, home, bin_dir):

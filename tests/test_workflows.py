@@ -399,3 +399,19 @@ def test_zizmor_auditor_finds_only_the_self_hosted_runner() -> None:
                            str(WORKFLOWS)], cwd=REPO, capture_output=True, text=True, timeout=120)
     found = set(re.findall(r"^\w+\[([\w-]+)\]", proc.stdout + proc.stderr, re.M))
     assert found <= {"self-hosted-runner"}, proc.stdout + proc.stderr
+
+
+def test_make_mutants_runs_the_mutation_scripts_on_a_copy_of_the_tree() -> None:
+    """The mutation scripts `sed` the sources they test; `make mutants` must run them in out/mutants/tree,
+    check that the interpreter imports nsa from there, and name only scripts that exist."""
+    recipe = _recipe("mutants")
+    assert any("git ls-files" in line and "-C out/mutants/tree" in line for line in recipe)
+    guard = next(i for i, line in enumerate(recipe) if "import nsa" in line)
+    run = next(i for i, line in enumerate(recipe) if "lab/mutations/" in line)
+    assert guard < run and "bash out/mutants/tree/lab/mutations/$${m}_mutations.sh" in recipe[run]
+    default = re.search(r"^MUTANTS \?= (.+)$", (REPO / "Makefile").read_text(encoding="utf-8"), re.M)[1].split()
+    scripts = {p.name.removesuffix("_mutations.sh") for p in (REPO / "lab" / "mutations").glob("*_mutations.sh")}
+    assert default and set(default) <= scripts
+    for name in scripts:
+        text = (REPO / "lab" / "mutations" / f"{name}_mutations.sh").read_text(encoding="utf-8")
+        assert 'cd "$(dirname "$0")/../.."' in text and "PY=${PY:-" in text, f"{name}: runs from its tree's root with $PY"

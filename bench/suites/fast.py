@@ -23,7 +23,7 @@ DENSE = (Variant("sdpa_flash", "baseline", op="dense"), Variant("sdpa_cudnn", op
          Variant("fa3", op="dense"))
 SMALL = {"B": 1, "Hq": 8, "Hkv": 2, "Dk": 32, "Dv": 32, **NSA}
 PAPER_192 = {**PAPER, "Dk": 192}
-# Small GQA groups (issue 13): G = 1 and G = 4 at D 128, where the group-centric kernels pad.
+# Small GQA groups: G = 1 and G = 4 at D 128, where the group-centric kernels pad (results/h100/small-groups/).
 G1 = {**PAPER, "Hq": 16, "Hkv": 16}
 G4 = {**PAPER, "Hq": 32, "Hkv": 8}
 SIZES = {

@@ -30,7 +30,7 @@ on a CPU (`CPU_TRITON`), and anything out of memory. No parity: NSA is not dense
 gradients are checked against the fp64 oracle in tests/nsa/test_train.py. Peak GPU memory of each
 timed variant (one untimed step after a reset) comes from the runner as `peak_mem_bytes`.
 
-Cost (H200 nightly, results/h200/train/train-nightly.json, flash-attn absent): a dense step at 64k
+Cost (H200 nightly, tests/data/h200/train/train-nightly.json.xz, flash-attn absent): a dense step at 64k
 takes 0.45 s (cuDNN) and 0.75 s (flash), so the timed calls add up to about 100 s (the 16k cells
 took 36 s of wall time in another run, compiles included); `full` adds two 64k layouts and 32k.
 """

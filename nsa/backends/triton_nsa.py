@@ -254,7 +254,7 @@ def beside(side: Callable[[], Tensor | None], chain: Callable[[], Any],
     them. (`record_stream` would hold each freed block until an event on its reader passes: with
     the host ahead of the GPU, as in any loop, every call took fresh blocks, the pool grew to the
     device's limit, and emptying it stalled the GPU: 90-150 ms forwards against 35 among the
-    repeats of bench/experiments/win_overlap.py at 64k.) Under a CUDA graph capture the streams
+    repeats of lab/win_overlap.py at 64k.) Under a CUDA graph capture the streams
     fork from and join back to the capturing one, and the graph's private pool keeps its blocks,
     so no event is kept across calls."""
     dev = torch.device(device)

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import copy
+import gzip
 import json
+import lzma
 from typing import Any
 
 import pytest
@@ -35,6 +37,19 @@ def test_round_trip(tmp_path):
     doc = _doc([_case(), _case("skipped", backend="torch_fa2")])
     path = results.dump(doc, tmp_path / "r.json")
     assert results.load(path) == json.loads(json.dumps(doc))
+
+
+@pytest.mark.parametrize("suffix, pack", [(".xz", lzma.compress), (".gz", gzip.compress)])
+def test_compressed_files_load_as_the_plain_file(tmp_path, suffix, pack):
+    """The committed archives are .json.xz (results/README.md); `ci decide --results` reads them as is."""
+    doc = _doc([_case()])
+    plain = results.dump(doc, tmp_path / "r.json")
+    packed = tmp_path / f"r.json{suffix}"
+    packed.write_bytes(pack(plain.read_bytes()))
+    assert results.load(packed) == results.load(plain)
+    (tmp_path / f"bad.json{suffix}").write_bytes(plain.read_bytes())  # named compressed, stored plain
+    with pytest.raises(results.ResultsError, match=f"must be {suffix[1:]}-compressed JSON"):
+        results.load(tmp_path / f"bad.json{suffix}")
 
 
 def test_nan_is_rejected_everywhere(tmp_path):

@@ -19,12 +19,12 @@ from ci import history
 from nsa_contract import results
 
 ROOT = Path(__file__).resolve().parents[2]
-H100_TRITON = "results/h100/triton-nightly.json"
-H200_FA2 = "results/h200/nightly-fa2.json"
-H200_PREFILL_DECODE = "results/h200/prefill-decode-nightly.json"
-H100_DECODE = "results/h100/decode-b8.json"
-H100_FAST = "results/h100/fast-full.json"
-H100_AUTO = "results/h100/auto/auto-full.json"
+H100_TRITON = "tests/data/h100/triton-nightly.json.xz"
+H200_FA2 = "tests/data/h200/nightly-fa2.json.xz"
+H200_PREFILL_DECODE = "tests/data/h200/prefill-decode-nightly.json.xz"
+H100_DECODE = "tests/data/h100/decode-b8.json.xz"
+H100_FAST = "tests/data/h100/fast-full.json.xz"
+H100_AUTO = "tests/data/h100/auto/auto-full.json.xz"
 START = datetime(2025, 12, 1, 3, 0, tzinfo=timezone.utc)  # in the past: records dated later are refused
 
 

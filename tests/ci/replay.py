@@ -1,7 +1,7 @@
 """Replay committed benchmark runs, night by night, through `ci decide`, `ci history` and `ci pr`.
 
-The runs are the results files under results/ (real GPU runs, each as `python -m bench run` wrote
-it), taken in the order they were measured (`run.created_at`, which is also how history orders
+The runs are the committed results files, in tests/data/ and results/ (real GPU runs, each as
+`python -m bench run` wrote it), taken in the order they were measured (`run.created_at`, which is also how history orders
 them). Each night runs the real stages: `ci decide` on the night's results, `ci history` on a
 folder store that carries over from night to night, and `ci pr` against the GitHub double
 (tests/ci/fake_github.py), whose default branch holds the replay's config.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import lzma
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ from tests.ci.fake_github import FakeGitHub
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results"
+DATA = ROOT / "tests" / "data"  # the runs the tests replay, under their results/ paths (results/README.md)
 TOKEN = "ghs_FAKE0123456789abcdefREPLAY"
 REPOSITORY = "octo/nsa"
 Slot = tuple[str, str]  # (key, class)
@@ -51,8 +53,8 @@ Case = Mapping[str, Any]
 
 
 def read(path: Path) -> Any:
-    """A committed file's JSON (`.json`, or `.json.gz` as some results are kept)."""
-    opener = gzip.open if path.name.endswith(".gz") else open
+    """A committed file's JSON (`.json`, or `.json.xz` / `.json.gz` as results are kept)."""
+    opener = {".gz": gzip.open, ".xz": lzma.open}.get(path.suffix, open)
     with opener(path, "rt", encoding="utf-8") as fh:
         return json.load(fh)
 
@@ -63,10 +65,10 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def committed(profile: str) -> list[Path]:
-    """Every results file under results/ of GPU profile ``profile``, oldest run first."""
+    """Every committed results file (tests/data/ and results/) of GPU profile ``profile``, oldest run first."""
     found = []
-    for path in RESULTS.rglob("*.json*"):
-        if not path.name.endswith((".json", ".json.gz")):
+    for path in (p for root in (DATA, RESULTS) for p in root.rglob("*.json*")):
+        if not path.name.endswith((".json", ".json.gz", ".json.xz")):
             continue
         try:
             doc = load(path)
@@ -75,6 +77,17 @@ def committed(profile: str) -> list[Path]:
         if doc["machine"]["sm"] == profile:
             found.append((doc["run"]["created_at"], doc["run"]["id"], path))
     return [p for *_, p in sorted(found)]
+
+
+def find(name: str) -> Path:
+    """The committed file that results/README.md names ``name`` (a path under results/ as the run
+    wrote it): in tests/data/ or results/, stored as named or xz-compressed."""
+    plain = name.removesuffix(".gz").removesuffix(".xz")
+    for root in (DATA, RESULTS):
+        for candidate in (name, plain, plain + ".xz"):
+            if (root / candidate).is_file():
+                return root / candidate
+    raise FileNotFoundError(f"no committed results file {name} in tests/data/ or results/; see results/README.md")
 
 
 def only_key(key: str, classes: Iterable[str] | None = None, also: Iterable[str] = ("fast",)) -> Callable[[Case], bool]:

@@ -1,4 +1,4 @@
-"""The decision rule on the committed real GPU sweep (H200, results/h200/nightly-fa2.json)."""
+"""The decision rule on the committed real GPU sweep (H200, tests/data/h200/nightly-fa2.json.xz)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ci.__main__ import main
 from tests.ci import fixtures as fx
 
 ROOT = Path(__file__).resolve().parents[2]
-SWEEP = ROOT / "results/h200/nightly-fa2.json"
+SWEEP = ROOT / "tests/data/h200/nightly-fa2.json.xz"
 
 
 def _decide(config: Path, out: Path) -> dict[str, Any]:

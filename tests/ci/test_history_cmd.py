@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
+import lzma
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -34,7 +34,7 @@ H100_SLUG, H200_SLUG = history.gpu_slug(H100), history.gpu_slug(H200)
 SEL = ("triton/selected/",)  # the selection kernel's 42 cases: sel g4 measures 256 on the H100 file
 LONG = ("-T8192-", "-T16384-")  # 18 long cases: the regression replay (the bootstrap is the slow part)
 SLOW = "triton/selected/triton/B1-T8192-Hq8-Hkv2-D64-l32-d16-ls64-n16-partbranch-bf16"
-SMOKE = hx.ROOT / "results/h200x2/shard-smoke.json"
+SMOKE = hx.ROOT / "tests/data/h200x2/shard-smoke.json.xz"
 
 
 @dataclass
@@ -511,7 +511,7 @@ def test_a_renamed_copy_of_a_run_is_not_a_second_run(pipe: Pipeline) -> None:
     assert pipe.records(H100_SLUG) == [f"{run_id(0)}.json", f"{run_id(1)}.json"]  # the copy is in quarantine
 
 
-# --- the decide job on the committed H100 nightlies (results/h100/nightly, results/README.md) ----------
+# --- the decide job on the committed H100 nightlies (tests/data/h100/nightly, results/README.md) -------
 #
 # Run 3's results (ee410f6, with `timing.host_ms`) against the history store of runs 1 and 2, as the
 # workflow's decide job sees it: the decision proposes nothing (the three "lasting" changes its job
@@ -520,7 +520,7 @@ def test_a_renamed_copy_of_a_run_is_not_a_second_run(pipe: Pipeline) -> None:
 # run 3's was not; host-bound slowdowns are flagged `host`). This is the replay committed in
 # run3/replay-6fa0465; the test keeps the rule from drifting away from the real data.
 
-NIGHTLY = hx.ROOT / "results/h100/nightly"
+NIGHTLY = hx.ROOT / "tests/data/h100/nightly"
 EARLIER = ("20261122T192959Z-11cdeb3-c02c78.json", "20261122T193633Z-11cdeb3-b56fd0.json")
 
 
@@ -529,11 +529,13 @@ def test_run3_replayed_on_runs_1_and_2_proposes_nothing_and_flags_no_regression(
     model = store / "history" / "nvidia-h100-80gb-hbm3"
     model.mkdir(parents=True)
     for name in EARLIER:
-        shutil.copy(NIGHTLY / "history-store/history/nvidia-h100-80gb-hbm3" / name, model / name)
+        # Stored xz-compressed; the history store reads plain JSON records.
+        packed = NIGHTLY / "history-store/history/nvidia-h100-80gb-hbm3" / f"{name}.xz"
+        (model / name).write_bytes(lzma.decompress(packed.read_bytes()))
     monkeypatch.setenv("NSA_HISTORY_DIR", str(store))
     for var in ("GITHUB_TOKEN", "GH_TOKEN", "GITHUB_OUTPUT"):
         monkeypatch.delenv(var, raising=False)
-    results, decision = NIGHTLY / "run3/results.json", tmp_path / "decision.json"
+    results, decision = NIGHTLY / "run3/results.json.xz", tmp_path / "decision.json"
     assert ci_main(["decide", "--results", str(results), "--out", str(decision)]) == 0
     raw = json.loads(decision.read_text())
     # This run alone measures one change (Triton compressed at G = 4 adopting from 4096, extended down

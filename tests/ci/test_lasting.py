@@ -113,7 +113,7 @@ def test_inside_noise_floor() -> None:
 
 
 def test_a_smoke_file_never_covers_the_decision_grid() -> None:
-    smoke = hx.real("results/h200x2/shard-smoke.json")
+    smoke = hx.real("tests/data/h200x2/shard-smoke.json.xz")
     nightly = hx.real(hx.H200_FA2)
     grid = sorted({c["params"]["T"] for c in nightly["cases"] if c["suite"] == "fa2"})
 

@@ -1,7 +1,7 @@
 """The committed sm90 runs replayed night by night: the threshold PR opens and closes only on covering
 evidence, and never piles up (issue 34, item 1; the helper and its ledger: tests/ci/replay.py).
 
-The runs are real H100 and H200 results under results/. The replay's config sets the sm90 thresholds
+The runs are real H100 and H200 results (tests/data/ and results/). The replay's config sets the sm90 thresholds
 to what those runs measure; a test then sets one value that they contradict, or K to 2 (the nightly
 runs 1 and 2 agree where run 3 does not), so that a PR has a reason to open and close. The default
 tests cut each night to one key's cells (`replay.only_key`) and skip the trend charts, so that they
@@ -42,7 +42,7 @@ def config(history_runs: int | None = None, **sm90: Any) -> str:
 
 
 def paths(*names: str) -> list[Path]:
-    return [replay.RESULTS / n for n in names]
+    return [replay.find(n) for n in names]
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_the_issue_repro_on_recorded_runs(tmp_path: Path, no_charts: None) -> No
         r.run(paths("h200/nightly-fa2.json", SWEEP_1, SWEEP_2, RUN.format(1), H200_FAST, H100_FAST, RUN.format(3)))
         assert [n.outcome for n in r.nights] == ["outcome=none"] * 3 + ["outcome=created"] + ["outcome=none"] * 2 + [
             "outcome=updated"]
-        assert [n.covered for n in r.nights if n.source.endswith(("fast-full-fa3.json", "fast-full.json"))] == [[], []]
+        assert [n.covered for n in r.nights if n.source.removesuffix(".xz").endswith(("fast-full-fa3.json", "fast-full.json"))] == [[], []]
         assert r.pr == {("fa2_min_len_cmp", "g1"): -1}
         assert len(r.fake.pulls) == 1 and r.numbers == [next(iter(r.fake.pulls))]
 

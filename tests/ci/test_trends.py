@@ -54,12 +54,11 @@ def test_write_trends_writes_one_png_per_headline_with_data(tmp_path: Path) -> N
 
 
 def test_headlines_pick_the_training_steps_of_the_paper_layout() -> None:
-    """The committed H200 train run (results/h200/train/train-nightly.json): its whole-attention
+    """The committed H200 train run (tests/data/h200/train/train-nightly.json.xz): its whole-attention
     cells at 16k and 64k, NSA and dense, never the per-branch ones."""
-    import json
-    from pathlib import Path
+    from nsa_contract import results
 
-    run = json.loads((Path(__file__).resolve().parents[2] / "results/h200/train/train-nightly.json").read_text())
+    run = results.load(Path(__file__).resolve().parents[2] / "tests/data/h200/train/train-nightly.json.xz")
     heads = {h.name: h for h in trends.headlines(run["cases"])}
     for t in (16384, 65536):
         ids = heads[f"train_T{t}"].case_ids

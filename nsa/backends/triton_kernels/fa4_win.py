@@ -12,7 +12,7 @@ k_start == 0`, as many queries as keys), `Tiles.win_fa4`, `B * Hq * T**2` at lea
 FA-4 compiles a kernel per configuration on its first call in a process (3.0-3.6 s in the stored run,
 2.7-4.9 s over three runs of `fa4_window.py` on the H100); later calls reuse it.
 
-Measured on the H100 (`bench/experiments/fa4_window.py`, `results/h100/fa4-win/`), the window
+Measured on the H100 (`lab/fa4_window.py`, `results/h100/fa4-win/`), the window
 alone, w = 512, median ms, band kernel -> FA-4: 64/4 heads 8k 0.41 -> 0.33, 16k 0.82 -> 0.68, 64k
 3.53 -> 2.71, 128k 7.68 -> 6.20; 32/8 at 64k 1.77 -> 1.40; 16/16 at 64k 0.89 -> 0.72; the paper's
 dk 192 / dv 128 at 64/4: 16k 1.25 -> 0.70, 64k 5.11 -> 3.01. The whole forward (`auto`,

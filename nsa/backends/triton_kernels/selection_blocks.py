@@ -17,7 +17,7 @@ with query tiles (each block's keys/values loaded once per tile) and writes one 
 (query, head), which the combine merges in place of their three. Attending them inside the
 combine instead (7105cf3) saved the lists kernel 3 of 16 entries per (query, group) but made the
 combine far slower (32/8 heads at 64k: lists 8.38 -> 6.90 ms, combine 3.48 -> 11.84 ms;
-docs/perf-notes.md item 42).
+results/h100/selb-forced/).
 
 Inversion: a stable sort of the entries by (batch, KV head, block), the lists' starts, a chunk
 table, and each program's list by one `searchsorted` over the chunk table, so the launch needs
@@ -27,7 +27,7 @@ Memory: the partials are `B * T * Hkv * n * G` rows of `dv` outputs in the input
 (`Tiles.selb_part_fp32`: fp32) and one fp32 log-sum-exp each (n times the output; with the
 forced-block kernel n + 1), so past `Tiles.selb_part_cap` bytes the queries run in chunks. Their
 traffic is why this path is for small groups: on the H100 it wins up to G = 8 and loses at
-G = 16 (`Tiles.selb_max_group`; docs/perf-notes.md item 44). The outputs in a
+G = 16 (`Tiles.selb_max_group`; results/h100/selb-forced/). The outputs in a
 contiguous `[rows, dv]` buffer apart from the log-sum-exps keep the stores and the combine's
 loads aligned (one `(m, l, o)` row of `dv + 2` floats left every `o` 8 bytes off a 16-byte
 vector). Precision: a bf16/fp16 partial is its normalised output rounded once to the input
