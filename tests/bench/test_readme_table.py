@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import readme_table, results
+from bench import readme_table
 from bench.cli import main as bench_main
+from nsa_contract import results
 
 ROOT = Path(__file__).resolve().parents[2]
 
