@@ -7,7 +7,7 @@ Stages, in the order of ci.stages (the GPU workflow runs the same list), each a 
           (FA-2 needs CUDA, so a CPU run records it as unavailable and the report says so; the triton
           suite runs on a CPU only under TRITON_INTERPRET=1, and CPU timings never propose).
           Suites by default (nsa_contract.suites): the `default` list, fa2,triton,calibration; for a
-          nightly or full sweep on CUDA the `nightly` list, which adds auto,fast,decode,train (auto against
+          nightly or full sweep on CUDA the `nightly` list, which adds auto,fast,decode,train,serve (auto against
           the best plan, the fast path at the paper layout, decode steps, training steps), as the GPU
           workflow's sweep; a CPU smoke run stays short.
           Skipped with --results, which decides on existing results files instead.

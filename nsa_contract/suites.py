@@ -16,12 +16,12 @@ AUTO = "auto"  # `auto` against every plan of one call (`ci.autobest`), never ag
 # floor. Derived from the keys, so a key with a suite of its own joins the default sweep.
 DEFAULT: tuple[str, ...] = (*sorted(keys.suites()), CALIBRATION)
 # Added for a nightly or full sweep on CUDA: auto against every plan, the fast path at the paper
-# layout, decode steps and training steps. A CPU smoke run keeps to DEFAULT.
-GPU: tuple[str, ...] = (AUTO, "fast", "decode", "train")
+# layout, decode steps, training steps and the ragged paged decode cell of `serve` (its nightly
+# size is that one cell, with its trend). A CPU smoke run keeps to DEFAULT.
+GPU: tuple[str, ...] = (AUTO, "fast", "decode", "train", "serve")
 NIGHTLY: tuple[str, ...] = (*DEFAULT, *GPU)
-# Every other suite bench has runs only when named (or with `all`): masked, prefill, and the serving
-# suites serve (paged-cache decode) and serve_prefill (packed and chunked prefill), which decide no
-# key and are not in the nightly sweep.
+# Every other suite bench has runs only when named (or with `all`): masked, prefill and serve_prefill
+# (packed and chunked prefill), which decide no key and are not in the nightly sweep.
 
 # Names `--suites` takes for a whole list (bench also takes `all`: every suite it has).
 SETS: dict[str, tuple[str, ...]] = {"default": DEFAULT, "nightly": NIGHTLY}

@@ -194,14 +194,14 @@ def test_size_auto_follows_the_probed_device(tmp_path: Path) -> None:
 
     cmd, device, size = pipeline.sweep_command(_args(), tmp_path / "r.json", probe("cuda"))
     assert (device, size) == ("cuda", "nightly")
-    assert cmd[1:] == ["-m", "bench", "run", "--suites", "fa2,triton,calibration,auto,fast,decode,train", "--size",
+    assert cmd[1:] == ["-m", "bench", "run", "--suites", "fa2,triton,calibration,auto,fast,decode,train,serve", "--size",
                        "nightly", "--device", "cuda", "--out", str(tmp_path / "r.json")]
     cmd, device, size = pipeline.sweep_command(_args(), tmp_path / "r.json", probe("cpu"))
     assert (device, size) == ("cpu", "smoke") and cmd[5] == "fa2,triton,calibration"  # CPU smoke stays short
     explicit = _args(size="full", device="cuda", bench_args="--gpus 2 --rep 50")
     cmd, device, size = pipeline.sweep_command(explicit, tmp_path / "r.json", probe("never"))
     assert probed == ["cuda", "cpu"] and (device, size) == ("cuda", "full")
-    assert cmd[-4:] == ["--gpus", "2", "--rep", "50"] and cmd[5] == "fa2,triton,calibration,auto,fast,decode,train"
+    assert cmd[-4:] == ["--gpus", "2", "--rep", "50"] and cmd[5] == "fa2,triton,calibration,auto,fast,decode,train,serve"
     # An explicit size with device auto probes only to pick the suites; explicit suites are kept as given.
     assert pipeline.sweep_command(_args(size="nightly"), tmp_path / "r.json", probe("cpu"))[0][5] == \
         "fa2,triton,calibration"
