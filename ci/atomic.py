@@ -1,5 +1,5 @@
-"""Moved to `nsa_contract.atomic`. This name stays only for the lab scripts (bench/experiments/, on
-their way to lab/) that import `from ci import atomic`; the packages import nsa_contract.atomic.
+"""Moved to `nsa_contract.atomic`. This name stays only for the lab scripts (lab/) that
+import `from ci import atomic`; the packages import nsa_contract.atomic.
 Delete this file once those scripts do too.
 """
 

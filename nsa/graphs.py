@@ -2,7 +2,7 @@
 
 A short prefill is bound by the host, not the GPU: at 1k-4k tokens on an H100 one `attend` call
 spends 0.6-2.5 ms in Python and kernel launches against well under 1 ms of kernels
-(docs/perf-notes.md, "Short prefills"). `GraphedAttend` captures `attend` once per call
+(docs/performance.md; results/h100/graphs/, results/h100/wheel-floors/). `GraphedAttend` captures `attend` once per call
 signature and replays it: each later call with that signature costs a copy of its inputs into
 the graph's buffers, one replay and a copy of the output.
 

@@ -1,4 +1,4 @@
-"""One decode step of the whole NSA layer in four launches (issue 13: fewer decode launches).
+"""One decode step of the whole NSA layer in four launches (results/h100/decode-fused/).
 
 The separate-op decode (compressed split + spill, two-stage top-n, the window and the selection
 each split and combined, torch glue between them) ran 15-20 kernels per step; at B = 8 on the
@@ -43,7 +43,7 @@ Scores are fp32 like the prefill kernels (docs/nsa.md, "Precision"): p relative 
 max, rescaled by exp(m_c - lse), is exp(logit - lse) up to fp32 rounding. The partial outputs
 (unnormalised acc) are stored in q's dtype, (m, l) in fp32 (docs/nsa.md, "Decode";
 `Tiles.dec_part_fp32` keeps fp32). `decode_step(_trace=)` has the kernels stamp the GPU's global
-timer per group at the points of TRACE_NAMES (bench/experiments/decode_trace.py: where the step's
+timer per group at the points of TRACE_NAMES (lab/decode_trace.py: where the step's
 time after kernel A goes, results/h100/decode-tail/). `supported` sends
 other block geometries to the separate-op path; `Tiles.dec_fused = False` forces that path.
 """
@@ -68,7 +68,7 @@ except ImportError:   # pragma: no cover - older Triton: the step runs without i
 
 WIN_BLOCK = 64   # window keys per window program of kernel C
 # `decode_step(_trace=)`: per group, the global timer (ns) at these points of the step; the max over
-# the programs that stamp a slot, or the min for TRACE_MIN_SLOTS (bench/experiments/decode_trace.py)
+# the programs that stamp a slot, or the min for TRACE_MIN_SLOTS (lab/decode_trace.py)
 TRACE_SLOTS = tl.constexpr(16)
 TRACE_NAMES = {0: "A last end", 1: "A first start", 10: "B top-n start", 2: "B top-n waited", 14: "B top-n row stored",
                15: "B top-n selected", 3: "B top-n end", 4: "C merges end", 11: "C sel first start", 5: "C sel waited",
@@ -181,7 +181,7 @@ def _await(ptr, target, FLAGS: tl.constexpr):
 
 @triton.jit
 def _stamp(TR, bh, slot: tl.constexpr, MAX: tl.constexpr):
-    """Diagnostics (`decode_step(_trace=)`, bench/experiments/decode_trace.py): the GPU's global
+    """Diagnostics (`decode_step(_trace=)`, lab/decode_trace.py): the GPU's global
     timer (ns) into TR[bh, slot], the max (MAX) or min over the programs that stamp there."""
     now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [bh], dtype=tl.int64, is_pure=False,
                                     pack=1)
@@ -682,7 +682,7 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     position p sits in page `page_table[b, p // page_size]`. `idx`: the selected blocks given
     (`[B, 1, Hkv, sel_count]` int32, -1 padded, e.g. from an external indexer): no top-n runs.
     `_trace` (diagnostics, CUDA only): an int64 `[>= B*Hkv, TRACE_SLOTS]` buffer the kernels stamp
-    with the global timer (TRACE_NAMES; the caller initialises it, bench/experiments/decode_trace.py).
+    with the global timer (TRACE_NAMES; the caller initialises it, lab/decode_trace.py).
     `_plan`: return the step's `DecodeLaunch` instead of running it; `scratch`: a dict the caller
     keeps, whose buffers the step reuses (allocated on first use)."""
     b, _, hq, dk = q.shape
