@@ -53,8 +53,8 @@ NULL_PAGE = 0
 class PagedCache:
     """Paged decode state of up to `max_seqs` sequences of `layer` (module docstring).
 
-    `max_len`: the longest sequence a slot may hold (sizes the block table, the compressed stream
-    and the step's launch shapes). `num_pages`: the pool (default: every slot at `max_len`, plus
+    `max_len`: the longest sequence a slot may hold (sizes the block table, the compressed stream,
+    the step's launch shapes and the fused step's RoPE tables, `max_len * head_dim_qk * 4` bytes). `num_pages`: the pool (default: every slot at `max_len`, plus
     the null page); forks share pages, so a pool smaller than that serves more sequences with
     common prefixes. `device`/`dtype`: the layer's parameters' by default.
     """
@@ -464,8 +464,10 @@ class GraphedDecode:
         with torch.no_grad():
             y_t = step(x_t)          # as cache.step(x_t): [max_seqs, 1, dim]
 
-    The graph holds the cache's tensors and the layer's parameters as they were at the capture:
-    replace neither (copy_ into a parameter is fine). Inference only, like nsa.graphs.GraphedAttend.
+    The graph holds the cache's tensors and, for the fused step, the layer's weights side by side as
+    they were at the capture (`PagedCache._fused_weights`): after changing the layer's parameters,
+    make a new GraphedDecode (eager `cache.step` rebuilds them itself). Inference only, like
+    nsa.graphs.GraphedAttend.
     """
 
     def __init__(self, cache: PagedCache, *, warmup: int = 2) -> None:
