@@ -19,7 +19,7 @@ computes on the null page and its output is to be ignored; only the slots in `ac
 
     cache = PagedCache(attn, max_seqs=8, max_len=65536)
     for s, prompt in enumerate(prompts):            # x [1, T_s, dim]: each its own length
-        y = cache.prefill(prompt, slot=cache.add())
+        y = cache.prefill(prompt, slot=cache.add())  # again on the same slot: the next chunk
     y_t = cache.step(x_t)                           # x_t [8, 1, dim] -> [8, 1, dim]
 
 `fork(slot)` starts a sequence that shares the slot's pages (a common prefix); the first append
@@ -226,17 +226,73 @@ class PagedCache:
 
     # --- prefill ---------------------------------------------------------------------------------
     def prefill(self, x: Tensor, slot: int) -> Tensor:
-        """Prefill the empty `slot` with `x [1, T, dim]` through the layer's own prefill (any
-        backend, `auto` by default) and store its K/V: returns the layer's output `[1, T, dim]`."""
+        """Prefill `slot` with `x [1, T, dim]` through the layer's own prefill (any backend, `auto`
+        by default) and store its K/V: returns the layer's output `[1, T, dim]`. A slot that holds
+        tokens already is continued (chunked prefill, `NSAAttention.prefill(x, cache=)`): its
+        tokens are gathered from the pages and rings into a contiguous cache for the chunk (a copy
+        of `O(t0)` tokens), and only the chunk's own K/V and compressed tokens are stored back."""
         self._check_slot(slot)
-        if self.lens[slot]:
-            raise ValueError(f"slot {slot} already holds {self.lens[slot]} tokens; prefill an empty slot (add())")
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[0] != 1:
             raise ValueError(f"x must be one sequence [1, T, dim], got {tuple(x.shape) if isinstance(x, Tensor) else x}")
+        t0 = self.lens[slot]
         self.reserve(slot, x.shape[1])
-        y, dense = self.layer.prefill(x)
-        self.load(slot, dense)
+        if not t0:
+            y, dense = self.layer.prefill(x)
+            self.load(slot, dense)
+            return y
+        y, dense = self.layer.prefill(x, cache=self._contiguous(slot))
+        self._store(slot, dense, t0)
         return y
+
+    def _contiguous(self, slot: int) -> NSACache:
+        """The `NSACache` of `slot`'s sequence: its raw tokens from the pages, the window's and the
+        compression ring's last tokens in position order, its compressed stream."""
+        layer, c = self.layer, self.config
+        t = self.lens[slot]
+        pos = torch.arange(t, device=self.device)
+        rows = self.page_table[slot, pos // self.page_size].long() * self.page_size + pos % self.page_size
+        cache = layer.new_cache()
+
+        def last(k: Tensor, v: Tensor, n: int) -> tuple[Tensor, Tensor]:
+            p = torch.arange(max(0, t - n), t, device=self.device)
+            return k[slot, p % n][None], v[slot, p % n][None]
+
+        for name, (kb, vb) in cache.raw.items():
+            if name == self.raw_name:
+                k = self.k_pool.view(-1, *self.k_pool.shape[2:])[rows][None]
+                v = self.v_pool.view(-1, *self.v_pool.shape[2:])[rows][None]
+            elif name == "win":
+                k, v = last(self.k_win, self.v_win, c.window)
+            else:
+                k, v = last(self.k_ring, self.v_ring, c.cmp_block)
+            kb.append(k)
+            vb.append(v)
+        n = max(0, (t - c.cmp_block) // c.cmp_stride + 1) if t >= c.cmp_block else 0
+        cache.cmp[0].append(self.k_cmp[slot:slot + 1, :n])
+        cache.cmp[1].append(self.v_cmp[slot:slot + 1, :n])
+        cache.length = t
+        return cache
+
+    def _store(self, slot: int, dense: NSACache, t0: int) -> None:
+        """The chunk's tokens `t0 ..` of a continued contiguous cache into `slot`'s pages, rings
+        and stream (pages reserved already)."""
+        layer, c = self.layer, self.config
+        t = dense.length
+        kb, vb = dense.raw[self.raw_name]
+        self._write_pages(slot, torch.arange(t0, t, device=self.device), kb.view(t - t0)[0], vb.view(t - t0)[0])
+        rings = [(dense.raw[layer._kv_name("cmp")], self.k_ring, self.v_ring, c.cmp_block)]
+        if not self.shared:
+            rings.append((dense.raw["win"], self.k_win, self.v_win, c.window))
+        for (kd, vd), k_ring, v_ring, n in rings:
+            p = torch.arange(max(0, t - n), t, device=self.device)
+            k_ring[slot, p % n] = kd.view(n)[0]
+            v_ring[slot, p % n] = vd.view(n)[0]
+        n_old = max(0, (t0 - c.cmp_block) // c.cmp_stride + 1) if t0 >= c.cmp_block else 0
+        if dense.k_cmp is not None and dense.k_cmp.shape[1] > n_old:
+            n = dense.k_cmp.shape[1]
+            self.k_cmp[slot, n_old:n], self.v_cmp[slot, n_old:n] = dense.k_cmp[0, n_old:], dense.v_cmp[0, n_old:]
+        self.lens[slot] = t
+        self.lengths[slot] = t
 
     def load(self, slot: int, dense: NSACache) -> None:
         """Store a one-sequence contiguous cache (`NSAAttention.prefill`'s) in the empty `slot`."""

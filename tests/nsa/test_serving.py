@@ -205,3 +205,26 @@ def test_graphed_decode_replays_at_every_position_without_recapture(dtype, seed)
             assert rel_err(ref, _alone(layer, xs[s], prompts[s])[0]) < tol, s
             per_step = [rel_err(a[i:i + 1], ref[i:i + 1]) for i in range(steps)]
             assert sum(e < tol for e in per_step) >= steps - 2 and max(per_step) < 0.2, (s, per_step)
+
+
+@pytest.mark.parametrize("kv", ["separate", "shared"])
+def test_a_slot_prefilled_in_chunks_equals_one_prefill(kv, seed):
+    """A slot prefilled in chunks of 13, 20 and 12 tokens (across a compression block, the window
+    and a page of 32) gives the whole prefill's outputs, and its later steps equal those of a slot
+    prefilled at once; a second slot in the batch is left as it was."""
+    layer = _layer(kv, seed=seed)
+    x = torch.randn(1, 47, 32, device=DEV)
+    other = torch.randn(1, 9, 32, device=DEV)
+    caches = [PagedCache(layer, max_seqs=2, max_len=64, page_size=32) for _ in range(2)]
+    with torch.no_grad():
+        whole = caches[0].prefill(x[:, :45], caches[0].add())
+        s = caches[1].add()
+        chunks = [caches[1].prefill(x[:, a:b], s) for a, b in ((0, 13), (13, 33), (33, 45))]
+        assert rel_err(torch.cat(chunks, 1), whole) < 1e-5
+        for cache in caches:
+            cache.prefill(other, cache.add())
+        assert caches[1].lens == caches[0].lens == [45, 9]
+        for i in (45, 46):
+            x_t = torch.cat([x[:, i:i + 1], torch.zeros(1, 1, 32, device=DEV)])
+            a, b = (cache.step(x_t) for cache in caches)
+            assert rel_err(b, a) < 1e-5
