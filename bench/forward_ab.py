@@ -129,8 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not torch.cuda.is_available():
             raise ValueError("forward-ab times CUDA kernels and needs a CUDA GPU, got none; run it on a GPU machine")
         from bench.machine import dist_version
-        from nsa_contract import atomic
         from nsa.backends import triton_nsa
+        from nsa_contract import atomic
 
         tiles = variants(args.variant, triton_nsa.current_tiles("cuda"))
         report: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "fa3": dist_version("fa3-fwd")[0],
