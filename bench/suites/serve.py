@@ -14,7 +14,10 @@ Variants, each one step of the whole layer (projections, cache appends, attentio
   length (the cell's `T`, or for a ragged cell the mean of its lengths, so the same tokens), with
   the triton backend's fused step; the graph variant as bench.suites.decode's `capture_step`;
 - `dense_cudnn`: SDPA (cuDNN) of the step's query over every cached key, eager, contiguous
-  (`B` x the same length): what dense attention alone costs.
+  (`B` x the same length): what dense attention alone costs;
+- `paged_even_graph` (ragged cells only): `GraphedDecode` over a paged cache of `B` sequences of
+  the mean length, the same tokens: the ragged batch's cost against the equal-length one on the
+  same path (issue 36's target for ragged batches).
 The cache's lengths are set back before every timed call (a setup outside the timed region), so
 every sample is the same step. Before timing, the paged step's output is checked against the
 contiguous step's on the same tokens (equal-length cells; `failed` when they differ beyond bf16
@@ -29,7 +32,7 @@ from typing import Any
 from bench.cases import CaseSpec, Cell, Variant, Workload, product
 
 VARIANTS = (Variant("contig_graph", "baseline"), Variant("paged_graph"), Variant("paged_eager"),
-            Variant("contig_eager"), Variant("dense_cudnn"))
+            Variant("contig_eager"), Variant("dense_cudnn"), Variant("paged_even_graph"))
 NSA = {"block": 32, "stride": 16, "sel_block": 64, "sel_count": 16, "window": 512}
 TARGET = {"B": 8, "Hq": 64, "Hkv": 4, "Dk": 128, "Dv": 128, "dim": 2560, **NSA, "page": 64}
 SMOKE = {"B": 3, "Hq": 4, "Hkv": 2, "Dk": 64, "Dv": 64, "dim": 256, **NSA, "page": 64}
@@ -113,6 +116,23 @@ def _populate(work: Workload, cell: Cell, device) -> None:
             graphed = GraphedDecode(cache)
             work.fns[keys["paged_graph"]] = lambda: graphed(x_t)
             work.setups[keys["paged_graph"]] = restore
+        if p.get("ragged") and device.type == "cuda":
+            even_cache = PagedCache(attn, max_seqs=b, max_len=even + 64, page_size=p["page"])
+            for i in range(b):
+                even_cache.load(even_cache.add(), fill_cache(attn, xs[i:i + 1]))
+            even_saved, even_host = even_cache.lengths.clone(), list(even_cache.lens)
+
+            def restore_even() -> None:
+                even_cache.lengths.copy_(even_saved)
+                even_cache.lens[:] = even_host
+
+            even_graphed = GraphedDecode(even_cache)
+            work.fns[keys["paged_even_graph"]] = lambda: even_graphed(x_t)
+            work.setups[keys["paged_even_graph"]] = restore_even
+        else:
+            work.reasons[keys["paged_even_graph"]] = (
+                "a ragged cell's equal-length twin: an equal-length cell's paged_graph is that case" if not p.get("ragged")
+                else "CUDA graphs need a CUDA device")
         snapshot = fill_cache(attn, xs)
         del xs
         contig = _contiguous(snapshot)

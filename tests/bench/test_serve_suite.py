@@ -27,7 +27,7 @@ def test_smoke_cell_builds_and_runs_on_cpu():
     (cell,) = expand("serve", serve.SPECS, "smoke")
     work = serve.build(cell, torch.device("cpu"))
     assert not work.failures, work.failures
-    assert set(work.reasons) == {"contig_graph", "paged_graph", "dense_cudnn"}
+    assert set(work.reasons) == {"contig_graph", "paged_graph", "dense_cudnn", "paged_even_graph"}
     for key in ("paged_eager", "contig_eager"):
         work.setups[key]()
         out = work.fns[key]()
