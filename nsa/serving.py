@@ -42,6 +42,7 @@ from nsa.backends.triton_kernels import common
 from nsa.backends.triton_kernels import decode as _dec
 from nsa.backends.triton_kernels import serve as _serve
 from nsa.cache import NSACache
+from nsa.masks import n_compressed
 from nsa.module import NSAAttention
 from nsa.rope import apply_rope
 
@@ -102,7 +103,7 @@ class PagedCache:
             self.v_win = torch.zeros(max_seqs, c.window, hkv, dv, device=dev, dtype=dt)
         self.k_ring = torch.zeros(max_seqs, c.cmp_block, hkv, dk, device=dev, dtype=dt)
         self.v_ring = torch.zeros(max_seqs, c.cmp_block, hkv, dv, device=dev, dtype=dt)
-        self.n_cmp = max(1, (max_len - c.cmp_block) // c.cmp_stride + 1)
+        self.n_cmp = max(1, n_compressed(max_len, c.cmp_block, c.cmp_stride))
         self.k_cmp = torch.zeros(max_seqs, self.n_cmp, hkv, dk, device=dev, dtype=dt)
         self.v_cmp = torch.zeros(max_seqs, self.n_cmp, hkv, dv, device=dev, dtype=dt)
         self.page_table = torch.full((max_seqs, self.pages_per_seq), NULL_PAGE, dtype=torch.int32, device=dev)
@@ -249,8 +250,7 @@ class PagedCache:
         compression ring's last tokens in position order, its compressed stream."""
         layer, c = self.layer, self.config
         t = self.lens[slot]
-        pos = torch.arange(t, device=self.device)
-        rows = self.page_table[slot, pos // self.page_size].long() * self.page_size + pos % self.page_size
+        rows = self._rows(slot, torch.arange(t, device=self.device))
         cache = layer.new_cache()
 
         def last(k: Tensor, v: Tensor, n: int) -> tuple[Tensor, Tensor]:
@@ -267,15 +267,15 @@ class PagedCache:
                 k, v = last(self.k_ring, self.v_ring, c.cmp_block)
             kb.append(k)
             vb.append(v)
-        n = max(0, (t - c.cmp_block) // c.cmp_stride + 1) if t >= c.cmp_block else 0
+        n = n_compressed(t, c.cmp_block, c.cmp_stride)
         cache.cmp[0].append(self.k_cmp[slot:slot + 1, :n])
         cache.cmp[1].append(self.v_cmp[slot:slot + 1, :n])
         cache.length = t
         return cache
 
     def _store(self, slot: int, dense: NSACache, t0: int) -> None:
-        """The chunk's tokens `t0 ..` of a continued contiguous cache into `slot`'s pages, rings
-        and stream (pages reserved already)."""
+        """Tokens `t0 ..` of a contiguous cache (a chunk that continued the slot, or with t0 = 0 a
+        whole prefill) into `slot`'s pages, rings and stream (pages reserved already)."""
         layer, c = self.layer, self.config
         t = dense.length
         kb, vb = dense.raw[self.raw_name]
@@ -287,7 +287,7 @@ class PagedCache:
             p = torch.arange(max(0, t - n), t, device=self.device)
             k_ring[slot, p % n] = kd.view(n)[0]
             v_ring[slot, p % n] = vd.view(n)[0]
-        n_old = max(0, (t0 - c.cmp_block) // c.cmp_stride + 1) if t0 >= c.cmp_block else 0
+        n_old = n_compressed(t0, c.cmp_block, c.cmp_stride)
         if dense.k_cmp is not None and dense.k_cmp.shape[1] > n_old:
             n = dense.k_cmp.shape[1]
             self.k_cmp[slot, n_old:n], self.v_cmp[slot, n_old:n] = dense.k_cmp[0, n_old:], dense.v_cmp[0, n_old:]
@@ -298,32 +298,20 @@ class PagedCache:
         """Store a one-sequence contiguous cache (`NSAAttention.prefill`'s) in the empty `slot`."""
         self._check_slot(slot)
         self.layer._check_cache(dense)
-        layer, c = self.layer, self.config
         t = dense.length
         kb, vb = dense.raw[self.raw_name]
         if self.lens[slot] or kb.data is None or kb.data.shape[0] != 1:
             raise ValueError(f"load takes a one-sequence cache into an empty slot; slot {slot} holds "
                              f"{self.lens[slot]} tokens")
         self.reserve(slot, t)
-        pos = torch.arange(t, device=self.device)
-        self._write_pages(slot, pos, kb.view()[0], vb.view()[0])
-        if not self.shared:
-            kw, vw = dense.raw["win"]
-            last = torch.arange(max(0, t - c.window), t, device=self.device)
-            self.k_win[slot, last % c.window] = kw.view(c.window)[0]
-            self.v_win[slot, last % c.window] = vw.view(c.window)[0]
-        kr, vr = dense.raw[layer._kv_name("cmp")]
-        last = torch.arange(max(0, t - c.cmp_block), t, device=self.device)
-        self.k_ring[slot, last % c.cmp_block] = kr.view(c.cmp_block)[0]
-        self.v_ring[slot, last % c.cmp_block] = vr.view(c.cmp_block)[0]
-        if dense.k_cmp is not None and dense.k_cmp.shape[1]:
-            n = dense.k_cmp.shape[1]
-            self.k_cmp[slot, :n], self.v_cmp[slot, :n] = dense.k_cmp[0], dense.v_cmp[0]
-        self.lens[slot] = t
-        self.lengths[slot] = t
+        self._store(slot, dense, 0)
+
+    def _rows(self, slot: int, pos: Tensor) -> Tensor:
+        """Rows of `slot`'s positions `pos` in the pool viewed as `[pages * page_size, ...]`."""
+        return self.page_table[slot, pos // self.page_size].long() * self.page_size + pos % self.page_size
 
     def _write_pages(self, slot: int, pos: Tensor, k: Tensor, v: Tensor) -> None:
-        rows = self.page_table[slot, pos // self.page_size].long() * self.page_size + pos % self.page_size
+        rows = self._rows(slot, pos)
         self.k_pool.view(-1, *self.k_pool.shape[2:])[rows] = k.to(self.dtype)
         self.v_pool.view(-1, *self.v_pool.shape[2:])[rows] = v.to(self.dtype)
 

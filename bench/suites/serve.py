@@ -65,10 +65,10 @@ def build(cell: Cell, device) -> Workload:
     except Exception as exc:  # noqa: BLE001 - filed per variant, as bench.suites.decode does
         for v in cell.variants:
             if v.key not in work.reasons and v.key not in work.failures:
-                work.reasons[v.key] = (f"out of memory while building the inputs: {why(exc)}" if is_oom(exc)
-                                       else f"building the inputs raised {why(exc)}")
-                if not is_oom(exc):
-                    work.failures[v.key] = work.reasons.pop(v.key)
+                if is_oom(exc):
+                    work.reasons[v.key] = f"out of memory while building the inputs: {why(exc)}"
+                else:
+                    work.failures[v.key] = f"building the inputs raised {why(exc)}"
         work.fns.clear()
         work.setups.clear()
         release(device.type)
@@ -103,13 +103,7 @@ def _populate(work: Workload, cell: Cell, device) -> None:
             x = xs[i:i + 1] if n == even else torch.randn(1, n, p["dim"], generator=gen).to(device=device, dtype=dtype)
             cache.load(cache.add(), fill_cache(attn, x))
             del x
-        saved = cache.lengths.clone()
-        saved_host = list(cache.lens)
-
-        def restore() -> None:
-            cache.lengths.copy_(saved)
-            cache.lens[:] = saved_host
-
+        restore = _restorer(cache)
         work.fns[keys["paged_eager"]] = lambda: cache.step(x_t)
         work.setups[keys["paged_eager"]] = restore
         if device.type == "cuda":
@@ -120,15 +114,9 @@ def _populate(work: Workload, cell: Cell, device) -> None:
             even_cache = PagedCache(attn, max_seqs=b, max_len=even + 64, page_size=p["page"])
             for i in range(b):
                 even_cache.load(even_cache.add(), fill_cache(attn, xs[i:i + 1]))
-            even_saved, even_host = even_cache.lengths.clone(), list(even_cache.lens)
-
-            def restore_even() -> None:
-                even_cache.lengths.copy_(even_saved)
-                even_cache.lens[:] = even_host
-
             even_graphed = GraphedDecode(even_cache)
             work.fns[keys["paged_even_graph"]] = lambda: even_graphed(x_t)
-            work.setups[keys["paged_even_graph"]] = restore_even
+            work.setups[keys["paged_even_graph"]] = _restorer(even_cache)
         else:
             work.reasons[keys["paged_even_graph"]] = (
                 "a ragged cell's equal-length twin: an equal-length cell's paged_graph is that case" if not p.get("ragged")
@@ -166,6 +154,17 @@ def _populate(work: Workload, cell: Cell, device) -> None:
                 for v in cell.variants:
                     work.failures[v.key] = f"the paged step differs from the contiguous step by {err:.3g} (max rel)"
                 work.fns.clear()
+
+
+def _restorer(cache):
+    """A setup that sets a paged cache's lengths (device and host) back to those it has now, so
+    every timed step is the same step."""
+    saved, saved_host = cache.lengths.clone(), list(cache.lens)
+
+    def restore() -> None:
+        cache.lengths.copy_(saved)
+        cache.lens[:] = saved_host
+    return restore
 
 
 def _contiguous(snapshot):
