@@ -327,8 +327,9 @@ class PagedCache:
         """One decode step of every slot: `x_t [max_seqs, 1, dim]` (a free slot's row is ignored)
         -> `[max_seqs, 1, dim]`, each active slot at its own position, which then advances.
         `blocks`: the selected blocks given `[max_seqs, 1, Hkv, sel_count]` (`import_blocks`)."""
+        self._check_step(x_t)             # before prepare: a refused step takes no page
         self.prepare()
-        out = self.step_device(x_t, blocks=blocks)
+        out = self._step_device(x_t, blocks)
         self.advance()
         return out
 
@@ -341,10 +342,21 @@ class PagedCache:
     def step_device(self, x_t: Tensor, *, blocks: Tensor | None = None) -> Tensor:
         """The device work of `step`: no host synchronisation, the same launches at any lengths
         (the active slots' device lengths advance; `advance()` is the host's side)."""
-        layer, c = self.layer, self.config
+        self._check_step(x_t)
+        return self._step_device(x_t, blocks)
+
+    def _check_step(self, x_t: Tensor) -> None:
+        c = self.config
         if not isinstance(x_t, Tensor) or tuple(x_t.shape) != (self.max_seqs, 1, c.dim):
             raise ValueError(f"x_t must be [max_seqs={self.max_seqs}, 1, dim={c.dim}] (one row per slot; a free "
                              f"slot's row is ignored), got {tuple(x_t.shape) if isinstance(x_t, Tensor) else x_t}")
+        if torch.is_grad_enabled() and (x_t.requires_grad or any(p.requires_grad for p in self.layer.parameters())):
+            raise RuntimeError("a PagedCache step is for inference: its fused step records no autograd graph through "
+                               "the projections and the attention; call it under torch.no_grad() (or "
+                               "torch.inference_mode()), and train through the layer itself (attn(x))")
+
+    def _step_device(self, x_t: Tensor, blocks: Tensor | None) -> Tensor:
+        layer, c = self.layer, self.config
         if self.fused:
             return self._step_fused(x_t, blocks)
         pos = self.lengths

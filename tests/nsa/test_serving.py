@@ -153,6 +153,9 @@ def test_misuse_gets_the_fix():
         cache.prefill(torch.randn(1, 65, 32, device=DEV), s)
     with pytest.raises(ValueError, match=r"x_t must be \[max_seqs=2, 1, dim=32\]"):
         cache.step(torch.randn(1, 1, 32, device=DEV))
+    with pytest.raises(RuntimeError, match="for inference: .* torch.no_grad"):
+        cache.step(torch.randn(2, 1, 32, device=DEV))       # the layer's parameters require grad
+    assert cache.lens == [0, 0] and int(cache.lengths.sum()) == 0 and cache.pages == [[], []]
     cache.add()
     with pytest.raises(RuntimeError, match="all 2 slots hold sequences"):
         cache.add()
