@@ -76,3 +76,12 @@ def decode(fa3: ModuleType, q: Any, k_cache: Any, v_cache: Any, lengths: Any, sc
     (`lengths` from `cache_lengths`) -> `[B, 1, Hq, dv]`. Causal: FA-3 aligns the query with the
     last key, so it reads every cached key, as the step at t = S - 1 does; nothing is appended."""
     return fa3.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, softmax_scale=scale, causal=True)
+
+
+def decode_paged(fa3: ModuleType, q: Any, k_pool: Any, v_pool: Any, page_table: Any, lengths: Any, scale: float) -> Any:
+    """One step's query `q [B, 1, Hq, dk]` over a paged cache: `k_pool/v_pool [pages, page_size,
+    Hkv, d*]`, `page_table [B, pages per sequence]` int32 (vLLM's block table, the layout of
+    nsa.serving.PagedCache) and `lengths [B]` int32, each sequence's tokens -> `[B, 1, Hq, dv]`.
+    Causal: each query reads all its sequence's `lengths[b]` keys; nothing is appended."""
+    return fa3.flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=lengths, page_table=page_table,
+                                       softmax_scale=scale, causal=True)

@@ -62,7 +62,7 @@ class PagedCache:
 
     def __init__(self, layer: NSAAttention, *, max_seqs: int, max_len: int, page_size: int | None = None,
                  num_pages: int | None = None, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, graph: bool | None = None) -> None:
         if not isinstance(layer, NSAAttention):
             raise TypeError(f"layer must be an NSAAttention, got {type(layer).__name__}")
         c = self.config = layer.config
@@ -129,6 +129,15 @@ class PagedCache:
         self._blocks_in = torch.full((max_seqs, 1, hkv, c.sel_count), -1, dtype=torch.int32, device=dev)
         self._weight_key: tuple | None = None
         self._weight: tuple[Tensor, Tensor] | None = None
+        self._weight_gen = 0          # bumped when the side-by-side weights move to new storage
+        self._weight_mods = [layer.q_proj, *(m for n in layer.kv_names for m in (layer.k_proj[n], layer.v_proj[n])),
+                             layer.gate]
+        if graph is not None and not isinstance(graph, bool):
+            raise ValueError(f"graph must be True, False or None (None: on for a CUDA cache), got {graph!r}")
+        self.graph = (self.device.type == "cuda") if graph is None else graph
+        if self.graph and self.device.type != "cuda":
+            raise ValueError(f"graph=True needs a cache on a CUDA device, got {self.device}; pass graph=False")
+        self._graph: _StepGraph | None = None
         self._launch: dict[bool, _dec.DecodeLaunch] = {}
         self._scratch: dict[str, Tensor] = {}
         self._proj: Tensor | None = None
@@ -319,17 +328,32 @@ class PagedCache:
     def prepare(self) -> None:
         """Host work of the next step: a page for every active slot whose next token starts one
         (or writes a shared page). `step` calls it; `GraphedDecode` calls it before each replay."""
+        page, refs = self.page_size, self.refs
         for s, used in enumerate(self.used):
             if used:
-                self.reserve(s, 1)
+                n = self.lens[s]
+                # Most steps write into the slot's own last page: nothing to do (no call, no check).
+                if n % page == 0 or n >= self.max_len or refs[self.pages[s][n // page]] > 1:
+                    self.reserve(s, 1)
 
     def step(self, x_t: Tensor, *, blocks: Tensor | None = None) -> Tensor:
         """One decode step of every slot: `x_t [max_seqs, 1, dim]` (a free slot's row is ignored)
         -> `[max_seqs, 1, dim]`, each active slot at its own position, which then advances.
-        `blocks`: the selected blocks given `[max_seqs, 1, Hkv, sel_count]` (`import_blocks`)."""
+        `blocks`: the selected blocks given `[max_seqs, 1, Hkv, sel_count]` (`import_blocks`).
+
+        On a CUDA cache (`graph=True`, the default there) the step without `blocks` is replayed
+        from a CUDA graph captured at the first such step (the launches depend on the cache's sizes
+        alone): the host's part is the page work, an input copy, one replay and an output copy.
+        Changing the layer's parameters in place is seen by the next step; replacing them with
+        tensors of another shape or dtype captures again."""
         self._check_step(x_t)             # before prepare: a refused step takes no page
         self.prepare()
-        out = self._step_device(x_t, blocks)
+        if self.graph and blocks is None:
+            if self._graph is None:
+                self._graph = _StepGraph(self, warmup=1)
+            out = self._graph.run(x_t)
+        else:
+            out = self._step_device(x_t, blocks)
         self.advance()
         return out
 
@@ -350,6 +374,8 @@ class PagedCache:
         if not isinstance(x_t, Tensor) or tuple(x_t.shape) != (self.max_seqs, 1, c.dim):
             raise ValueError(f"x_t must be [max_seqs={self.max_seqs}, 1, dim={c.dim}] (one row per slot; a free "
                              f"slot's row is ignored), got {tuple(x_t.shape) if isinstance(x_t, Tensor) else x_t}")
+        if x_t.device != self.device:
+            raise ValueError(f"x_t is on {x_t.device}, the cache on {self.device}; move x_t to the cache's device")
         if torch.is_grad_enabled() and (x_t.requires_grad or any(p.requires_grad for p in self.layer.parameters())):
             raise RuntimeError("a PagedCache step is for inference: its fused step records no autograd graph through "
                                "the projections and the attention; call it under torch.no_grad() (or "
@@ -388,17 +414,26 @@ class PagedCache:
 
     def _fused_weights(self) -> tuple[Tensor, Tensor]:
         """The layer's q, K/V and gate weights side by side (and the gate's bias after zeros): one
-        matmul projects a step. Rebuilt when a parameter changes (its storage or version)."""
-        layer = self.layer
-        mods = [layer.q_proj, *(m for n in layer.kv_names for m in (layer.k_proj[n], layer.v_proj[n])), layer.gate]
-        key = tuple((m.weight.data_ptr(), m.weight._version) for m in mods) + (
-            layer.gate.bias.data_ptr(), layer.gate.bias._version)
+        matmul projects a step. Refreshed when a parameter changes (its storage or version): in
+        place when the shapes and dtype allow, so a captured step graph and the bound launches
+        read the new values; else in new storage (`_weight_gen` counts those moves)."""
+        mods = self._weight_mods
+        gate_bias = mods[-1]._parameters["bias"]
+        key = tuple((w.data_ptr(), w._version) for w in (m._parameters["weight"] for m in mods)) + (
+            gate_bias.data_ptr(), gate_bias._version)
         if key != self._weight_key:
             with torch.no_grad():
                 weight = torch.cat([m.weight for m in mods]).to(self.dtype)
                 bias = torch.zeros(weight.shape[0], device=self.device, dtype=self.dtype)
-                bias[-layer.gate.weight.shape[0]:] = layer.gate.bias
-            self._weight, self._weight_key = (weight, bias), key
+                bias[-mods[-1].weight.shape[0]:] = gate_bias
+                old = self._weight
+                if old is not None and old[0].shape == weight.shape and old[0].device == weight.device:
+                    old[0].copy_(weight)
+                    old[1].copy_(bias)
+                else:
+                    self._weight = (weight, bias)
+                    self._weight_gen += 1
+            self._weight_key = key
         return self._weight
 
     def _step_fused(self, x_t: Tensor, blocks: Tensor | None) -> Tensor:
@@ -509,20 +544,67 @@ def import_blocks(topk_idx: Tensor, batch: int, q_len: int = 1) -> Tensor:
 
 
 
+class _StepGraph:
+    """One CUDA graph of `PagedCache.step_device` (no `blocks`): captured at the first `run`, then
+    replayed at every later position (positions are read on the device). Captured again only when
+    the layer's side-by-side weights move to new storage (`PagedCache._weight_gen`); an in-place
+    change of the parameters is copied into the weights the graph reads before the replay."""
+
+    def __init__(self, cache: PagedCache, warmup: int) -> None:
+        self.cache, self.warmup = cache, warmup
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.captures = 0
+        self._gen = -1
+        self._x: Tensor | None = None
+        self._out: Tensor | None = None
+
+    def run(self, x_t: Tensor) -> Tensor:
+        """The step of `x_t` after the cache's `prepare()` (the caller advances the host lengths)."""
+        cache = self.cache
+        if cache.fused:
+            cache._fused_weights()
+        if self.graph is None or self._gen != cache._weight_gen:
+            self._capture(x_t)
+        self._x.copy_(x_t)
+        self.graph.replay()
+        return self._out.clone()
+
+    def _capture(self, x_t: Tensor) -> None:
+        cache = self.cache
+        self.graph = self._out = None
+        self._x = x_t.detach().clone()
+        lengths = cache.lengths.clone()
+        side = torch.cuda.Stream(cache.device)
+        side.wait_stream(torch.cuda.current_stream(cache.device))
+        with torch.no_grad(), torch.cuda.stream(side):
+            # Each warm-up step writes the same K/V at the same positions as the replay will, and
+            # advances the device lengths, which are set back after it.
+            for _ in range(self.warmup):
+                cache._step_device(self._x, None)
+                cache.lengths.copy_(lengths)
+        torch.cuda.current_stream(cache.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            self._out = cache._step_device(self._x, None)
+        self.graph, self._gen = graph, cache._weight_gen
+        self.captures += 1
+
+
 class GraphedDecode:
-    """`PagedCache.step` replayed from one CUDA graph: captured on the first call, then replayed
-    at every later position of every slot (the step's launches depend on the cache's sizes
-    alone, positions are read on the device), so it is never captured again as sequences grow,
-    fork, end or start. Per call: the host's page work (`PagedCache.prepare`), a copy of `x_t`
-    into the graph's input, one replay, a copy of the output.
+    """`PagedCache.step` replayed from one CUDA graph of its own: captured on the first call, then
+    replayed at every later position of every slot (the step's launches depend on the cache's
+    sizes alone, positions are read on the device), so it is never captured again as sequences
+    grow, fork, end or start. Per call: the host's page work (`PagedCache.prepare`), a copy of
+    `x_t` into the graph's input, one replay, a copy of the output. A CUDA cache's own `step`
+    does the same (`PagedCache(graph=True)`, its default there); this wrapper keeps a graph apart
+    from the cache's, with its own warm-up count and capture counter.
 
         step = GraphedDecode(cache)
         with torch.no_grad():
             y_t = step(x_t)          # as cache.step(x_t): [max_seqs, 1, dim]
 
-    The graph holds the cache's tensors and, for the fused step, the layer's weights side by side as
-    they were at the capture (`PagedCache._fused_weights`): after changing the layer's parameters,
-    make a new GraphedDecode (eager `cache.step` rebuilds them itself). Inference only, like
+    The graph holds the cache's tensors and, for the fused step, the layer's weights side by side
+    (`PagedCache._fused_weights`, refreshed in place before each replay). Inference only, like
     nsa.graphs.GraphedAttend.
     """
 
@@ -533,43 +615,21 @@ class GraphedDecode:
             raise ValueError(f"GraphedDecode needs a cache on a CUDA device, got {cache.device}; call cache.step(x_t)")
         if warmup < 1:
             raise ValueError(f"warmup must be >= 1 (the first call compiles the kernels), got {warmup}")
-        self.cache, self.warmup = cache, warmup
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.captures = 0
-        self._x: Tensor | None = None
-        self._out: Tensor | None = None
+        self.cache = cache
+        self._graph = _StepGraph(cache, warmup)
+
+    @property
+    def captures(self) -> int:
+        return self._graph.captures
+
+    @property
+    def graph(self) -> torch.cuda.CUDAGraph | None:
+        return self._graph.graph
 
     def __call__(self, x_t: Tensor) -> Tensor:
         cache = self.cache
-        if torch.is_grad_enabled() and (x_t.requires_grad or any(p.requires_grad for p in cache.layer.parameters())):
-            raise RuntimeError("GraphedDecode is for inference: call it under torch.no_grad() or torch.inference_mode()")
-        c = cache.config
-        if not isinstance(x_t, Tensor) or tuple(x_t.shape) != (cache.max_seqs, 1, c.dim) or x_t.device != cache.device:
-            raise ValueError(f"x_t must be [max_seqs={cache.max_seqs}, 1, dim={c.dim}] on {cache.device}, got "
-                             f"{tuple(x_t.shape) if isinstance(x_t, Tensor) else x_t}")
+        cache._check_step(x_t)
         cache.prepare()
-        if self.graph is None:
-            self._capture(x_t)
-        self._x.copy_(x_t)
-        self.graph.replay()
+        out = self._graph.run(x_t)
         cache.advance()
-        return self._out.clone()
-
-    def _capture(self, x_t: Tensor) -> None:
-        cache = self.cache
-        self._x = x_t.detach().clone()
-        lengths = cache.lengths.clone()
-        side = torch.cuda.Stream(cache.device)
-        side.wait_stream(torch.cuda.current_stream(cache.device))
-        with torch.no_grad(), torch.cuda.stream(side):
-            # Each warm-up step writes the same K/V at the same positions as the replay will, and
-            # advances the device lengths, which are set back after it.
-            for _ in range(self.warmup):
-                cache.step_device(self._x)
-                cache.lengths.copy_(lengths)
-        torch.cuda.current_stream(cache.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
-            self._out = cache.step_device(self._x)
-        self.graph = graph
-        self.captures += 1
+        return out

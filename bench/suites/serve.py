@@ -8,13 +8,19 @@ target (64/4 heads, D 128, NSA geometry of the paper), bf16. Every sequence hold
 and the step is the next token of each.
 
 Variants, each one step of the whole layer (projections, cache appends, attention, o_proj):
-- `paged_eager`: `PagedCache.step(x_t)` (the host's page work included);
+- `paged_step`: `PagedCache.step(x_t)` as a CUDA cache makes it by default (`graph=True`): the
+  host's page work, an input copy, one replay of the cache's own graph, an output copy;
+- `paged_eager`: `PagedCache.step(x_t)` with `graph=False`: every launch from the host;
 - `paged_graph`: `GraphedDecode(cache)(x_t)`: page work, input copy, one replay, output copy;
 - `contig_eager`, `contig_graph`: `NSAAttention.step` on contiguous caches of B sequences of one
   length (the cell's `T`, or for a ragged cell the mean of its lengths, so the same tokens), with
   the triton backend's fused step; the graph variant as bench.suites.decode's `capture_step`;
 - `dense_cudnn`: SDPA (cuDNN) of the step's query over every cached key, eager, contiguous
   (`B` x the same length): what dense attention alone costs;
+- `dense_fa3_paged`: FlashAttention-3's `flash_attn_with_kvcache` of the step's query over the
+  paged cache's own pool, block table and lengths (the raw K/V every token holds; ragged cells
+  too), attention alone, eager; `skipped` where the `fa3-fwd` wheel is not installed
+  (bench/dense_fa3.py);
 - `paged_even_graph` (ragged cells only): `GraphedDecode` over a paged cache of `B` sequences of
   the mean length, the same tokens: the ragged batch's cost against the equal-length one on the
   same path (issue 36's target for ragged batches).
@@ -32,7 +38,8 @@ from typing import Any
 from bench.cases import CaseSpec, Cell, Variant, Workload, product
 
 VARIANTS = (Variant("contig_graph", "baseline"), Variant("paged_graph"), Variant("paged_eager"),
-            Variant("contig_eager"), Variant("dense_cudnn"), Variant("paged_even_graph"))
+            Variant("contig_eager"), Variant("dense_cudnn"), Variant("paged_even_graph"), Variant("paged_step"),
+            Variant("dense_fa3_paged"))
 NSA = {"block": 32, "stride": 16, "sel_block": 64, "sel_count": 16, "window": 512}
 TARGET = {"B": 8, "Hq": 64, "Hkv": 4, "Dk": 128, "Dv": 128, "dim": 2560, **NSA, "page": 64}
 SMOKE = {"B": 3, "Hq": 4, "Hkv": 2, "Dk": 64, "Dv": 64, "dim": 256, **NSA, "page": 64}
@@ -105,8 +112,10 @@ def _populate(work: Workload, cell: Cell, device) -> None:
             del x
         restore = _restorer(cache)
         work.fns[keys["paged_eager"]] = lambda: cache.step(x_t)
-        work.setups[keys["paged_eager"]] = restore
+        work.setups[keys["paged_eager"]] = _with_graph(cache, False, restore)
         if device.type == "cuda":
+            work.fns[keys["paged_step"]] = lambda: cache.step(x_t)
+            work.setups[keys["paged_step"]] = _with_graph(cache, True, restore)
             graphed = GraphedDecode(cache)
             work.fns[keys["paged_graph"]] = lambda: graphed(x_t)
             work.setups[keys["paged_graph"]] = restore
@@ -129,6 +138,7 @@ def _populate(work: Workload, cell: Cell, device) -> None:
         else:
             work.reasons[keys["contig_graph"]] = "CUDA graphs need a CUDA device"
             work.reasons[keys["paged_graph"]] = "CUDA graphs need a CUDA device"
+            work.reasons[keys["paged_step"]] = "a cache's own graph needs a CUDA device (elsewhere it is paged_eager)"
         state = {}
 
         def setup_contig() -> None:
@@ -144,6 +154,18 @@ def _populate(work: Workload, cell: Cell, device) -> None:
                                                                  config.softmax_scale)
         else:
             work.reasons[keys["dense_cudnn"]] = "cuDNN attention needs a CUDA device"
+        _fa3_paged(work, keys["dense_fa3_paged"], q, cache, config.softmax_scale)
+        if device.type == "cuda":           # the cache's own graph replays the eager step, bit for bit
+            outs = []
+            for graph in (False, True):
+                cache.graph = graph
+                restore()
+                outs.append(cache.step(x_t))
+            restore()
+            if not torch.equal(*outs):
+                work.failures[keys["paged_step"]] = "the cache's graph step differs from its eager step"
+                work.fns.pop(keys["paged_step"], None)
+        cache.graph = False
         if not p.get("ragged"):             # the same work: paged and contiguous agree on one step
             restore()
             setup_contig()
@@ -154,6 +176,42 @@ def _populate(work: Workload, cell: Cell, device) -> None:
                 for v in cell.variants:
                     work.failures[v.key] = f"the paged step differs from the contiguous step by {err:.3g} (max rel)"
                 work.fns.clear()
+
+
+def _with_graph(cache, graph: bool, restore):
+    """A setup: the cache's lengths set back, and its step with (`graph=True`) or without its own graph."""
+    def setup() -> None:
+        cache.graph = graph
+        restore()
+    return setup
+
+
+def _fa3_paged(work: Workload, key: str, q, cache, scale: float) -> None:
+    """`dense_fa3_paged`: FA-3's kvcache kernel over the paged cache's pool, block table and lengths."""
+    from bench import dense_fa3
+
+    work.backends[key] = dense_fa3.NAME
+    why_not = dense_fa3.reason(q, cache.k_pool, cache.v_pool)
+    if why_not is not None:
+        work.reasons[key] = why_not
+        return
+    import torch
+    import torch.nn.functional as F
+
+    fa3, table, lens = dense_fa3.load(), cache.page_table, cache.lengths.clone()
+    fn = lambda: dense_fa3.decode_paged(fa3, q, cache.k_pool, cache.v_pool, table, lens, scale)  # noqa: E731
+    # The same work as dense attention over each sequence's tokens, read from the pages (fp32 SDPA).
+    out = fn()
+    for b, n in enumerate(cache.lens):
+        rows = cache._rows(b, torch.arange(n, device=q.device))
+        k, v = (pool.view(-1, *pool.shape[2:])[rows].float().transpose(0, 1)[None] for pool in (cache.k_pool, cache.v_pool))
+        ref = F.scaled_dot_product_attention(q[b:b + 1].float().transpose(1, 2), k, v, scale=scale,
+                                             enable_gqa=True).transpose(1, 2)
+        err = float((out[b:b + 1].float() - ref).abs().max() / ref.abs().max().clamp(min=1e-6))
+        if not err < 2e-2:
+            work.failures[key] = f"FA-3 over the pages differs from dense attention of sequence {b} by {err:.3g}"
+            return
+    work.fns[key] = fn
 
 
 def _restorer(cache):

@@ -153,6 +153,13 @@ def test_misuse_gets_the_fix():
         cache.prefill(torch.randn(1, 65, 32, device=DEV), s)
     with pytest.raises(ValueError, match=r"x_t must be \[max_seqs=2, 1, dim=32\]"):
         cache.step(torch.randn(1, 1, 32, device=DEV))
+    with pytest.raises(ValueError, match="graph must be True, False or None"):
+        PagedCache(layer, max_seqs=2, max_len=64, graph="yes")
+    if torch.device(DEV).type != "cuda":
+        with pytest.raises(ValueError, match="graph=True needs a cache on a CUDA device.*graph=False"):
+            PagedCache(layer, max_seqs=2, max_len=64, graph=True)
+        with pytest.raises(ValueError, match="x_t is on meta, the cache on cpu"):
+            cache.step(torch.empty(2, 1, 32, device="meta"))
     with pytest.raises(RuntimeError, match="for inference: .* torch.no_grad"):
         cache.step(torch.randn(2, 1, 32, device=DEV))       # the layer's parameters require grad
     assert cache.lens == [0, 0] and int(cache.lengths.sum()) == 0 and cache.pages == [[], []]
@@ -178,14 +185,15 @@ def test_graphed_decode_replays_at_every_position_without_recapture(dtype, seed)
     prompts = [1, 500, 1000, 2020]
     steps = 40
     xs = [torch.randn(1, p + steps, 256, device="cuda", dtype=dtype) for p in prompts]
-    caches = [PagedCache(layer, max_seqs=5, max_len=4096, page_size=128) for _ in range(3)]
+    # 0: eager; 1: stepped by GraphedDecode; 2: the torch prologue (its own graph); 3: its own graph
+    caches = [PagedCache(layer, max_seqs=5, max_len=4096, page_size=128, graph=i != 0) for i in range(4)]
     caches[2].fused = False
     with torch.no_grad():
         for cache in caches:
             for x, p in zip(xs, prompts, strict=True):
                 cache.prefill(x[:, :p], cache.add())
         graphed = GraphedDecode(caches[1])
-        eager, replayed, torch_prologue = [], [], []
+        eager, replayed, torch_prologue, own = [], [], [], []
         for i in range(steps):
             x_t = torch.zeros(5, 1, 256, device="cuda", dtype=dtype)
             for s, (x, p) in enumerate(zip(xs, prompts, strict=True)):
@@ -193,21 +201,50 @@ def test_graphed_decode_replays_at_every_position_without_recapture(dtype, seed)
             eager.append(caches[0].step(x_t))
             replayed.append(graphed(x_t))
             torch_prologue.append(caches[2].step(x_t))
+            own.append(caches[3].step(x_t))
             if i == 10:
                 for cache in caches:                 # slot 4 joins as a fork of slot 1, then leaves
                     cache.fork(1)
             if i == 20:
                 for cache in caches:
                     cache.free(4)
-        assert graphed.captures == 1
+        assert graphed.captures == 1 and caches[3]._graph.captures == 1 and caches[2]._graph.captures == 1
+        assert caches[0]._graph is None
         tol = 1e-4 if dtype == torch.float32 else 2e-2
         for s in range(4):
             a, b = torch.cat([o[s] for o in eager]), torch.cat([o[s] for o in replayed])
             assert torch.equal(a, b), s
+            assert torch.equal(a, torch.cat([o[s] for o in own])), s
             ref = torch.cat([o[s] for o in torch_prologue])
             assert rel_err(ref, _alone(layer, xs[s], prompts[s])[0]) < tol, s
             per_step = [rel_err(a[i:i + 1], ref[i:i + 1]) for i in range(steps)]
             assert sum(e < tol for e in per_step) >= steps - 2 and max(per_step) < 0.2, (s, per_step)
+
+
+@pytest.mark.gpu
+def test_a_graphed_step_sees_parameters_changed_in_place(seed):
+    """The cache's own graph (the default on CUDA) reads the layer's weights side by side: a change
+    of the parameters in place, or a parameter replaced by one of the same shape, reaches the next
+    replay (the eager step's outputs, bit for bit) without a new capture."""
+    torch.manual_seed(seed)
+    cfg = NSAConfig(dim=256, n_heads=16, n_kv_heads=2, head_dim_qk=64, head_dim_v=64)
+    layer = NSAAttention(cfg, backend="triton").to("cuda", torch.bfloat16)
+    x = torch.randn(2, 300, 256, device="cuda", dtype=torch.bfloat16)
+    caches = [PagedCache(layer, max_seqs=2, max_len=1024, graph=g) for g in (False, True)]
+    with torch.no_grad():
+        for cache in caches:
+            for s in range(2):
+                cache.prefill(x[s:s + 1, :200 + 50 * s], cache.add())
+        for i in range(12):
+            if i == 4:
+                layer.q_proj.weight.mul_(0.5)
+                layer.gate.bias.add_(1.0)
+            if i == 8:
+                layer.k_proj["sel"].weight = torch.nn.Parameter(torch.randn_like(layer.k_proj["sel"].weight) * 0.05)
+            x_t = x[:, 250 + i:251 + i]
+            a, b = (cache.step(x_t) for cache in caches)
+            assert torch.equal(a, b), i
+        assert caches[1]._graph.captures == 1
 
 
 @pytest.mark.parametrize("kv", ["separate", "shared"])
