@@ -20,7 +20,9 @@ Variants, each one step of the whole layer (projections, cache appends, attentio
 - `dense_fa3_paged`: FlashAttention-3's `flash_attn_with_kvcache` of the step's query over the
   paged cache's own pool, block table and lengths (the raw K/V every token holds; ragged cells
   too), attention alone, eager; `skipped` where the `fa3-fwd` wheel is not installed
-  (bench/dense_fa3.py);
+  (bench/dense_fa3.py) or its build refuses paged K/V (the PyPI build does);
+- `dense_fa3`: the same kernel over a contiguous copy of those tokens, each sequence its own
+  length (`cache_seqlens`; zero-padded to the longest);
 - `paged_even_graph` (ragged cells only): `GraphedDecode` over a paged cache of `B` sequences of
   the mean length, the same tokens: the ragged batch's cost against the equal-length one on the
   same path (issue 36's target for ragged batches).
@@ -39,7 +41,7 @@ from bench.cases import CaseSpec, Cell, Variant, Workload, product
 
 VARIANTS = (Variant("contig_graph", "baseline"), Variant("paged_graph"), Variant("paged_eager"),
             Variant("contig_eager"), Variant("dense_cudnn"), Variant("paged_even_graph"), Variant("paged_step"),
-            Variant("dense_fa3_paged"))
+            Variant("dense_fa3_paged"), Variant("dense_fa3"))
 NSA = {"block": 32, "stride": 16, "sel_block": 64, "sel_count": 16, "window": 512}
 TARGET = {"B": 8, "Hq": 64, "Hkv": 4, "Dk": 128, "Dv": 128, "dim": 2560, **NSA, "page": 64}
 SMOKE = {"B": 3, "Hq": 4, "Hkv": 2, "Dk": 64, "Dv": 64, "dim": 256, **NSA, "page": 64}
@@ -154,7 +156,7 @@ def _populate(work: Workload, cell: Cell, device) -> None:
                                                                  config.softmax_scale)
         else:
             work.reasons[keys["dense_cudnn"]] = "cuDNN attention needs a CUDA device"
-        _fa3_paged(work, keys["dense_fa3_paged"], q, cache, config.softmax_scale)
+        _fa3(work, keys, q, cache, config.softmax_scale)
         if device.type == "cuda":           # the cache's own graph replays the eager step, bit for bit
             outs = []
             for graph in (False, True):
@@ -186,32 +188,57 @@ def _with_graph(cache, graph: bool, restore):
     return setup
 
 
-def _fa3_paged(work: Workload, key: str, q, cache, scale: float) -> None:
-    """`dense_fa3_paged`: FA-3's kvcache kernel over the paged cache's pool, block table and lengths."""
-    from bench import dense_fa3
-
-    work.backends[key] = dense_fa3.NAME
-    why_not = dense_fa3.reason(q, cache.k_pool, cache.v_pool)
-    if why_not is not None:
-        work.reasons[key] = why_not
-        return
+def _fa3(work: Workload, keys: dict[str, str], q, cache, scale: float) -> None:
+    """`dense_fa3_paged` and `dense_fa3`: FA-3's kvcache kernel over the paged cache's pool, block
+    table and lengths, and over a contiguous copy of the same tokens (`[B, longest, Hkv, D]`, each
+    sequence its own `cache_seqlens`). Each is checked against dense attention of every sequence
+    (fp32 SDPA over its tokens read from the pages) before it is timed; a variant that raises or
+    differs is filed alone, the cell's other variants go on."""
     import torch
     import torch.nn.functional as F
 
-    fa3, table, lens = dense_fa3.load(), cache.page_table, cache.lengths.clone()
-    fn = lambda: dense_fa3.decode_paged(fa3, q, cache.k_pool, cache.v_pool, table, lens, scale)  # noqa: E731
-    # The same work as dense attention over each sequence's tokens, read from the pages (fp32 SDPA).
-    out = fn()
+    from bench import dense_fa3
+    from bench.runner import why
+
+    paged, contig = keys["dense_fa3_paged"], keys["dense_fa3"]
+    for key in (paged, contig):
+        work.backends[key] = dense_fa3.NAME
+    why_not = dense_fa3.reason(q, cache.k_pool, cache.v_pool)
+    if why_not is not None:
+        work.reasons[paged] = work.reasons[contig] = why_not
+        return
+    fa3, lens, dev = dense_fa3.load(), cache.lengths.clone(), q.device
+    seqs = []
     for b, n in enumerate(cache.lens):
-        rows = cache._rows(b, torch.arange(n, device=q.device))
-        k, v = (pool.view(-1, *pool.shape[2:])[rows].float().transpose(0, 1)[None] for pool in (cache.k_pool, cache.v_pool))
-        ref = F.scaled_dot_product_attention(q[b:b + 1].float().transpose(1, 2), k, v, scale=scale,
-                                             enable_gqa=True).transpose(1, 2)
-        err = float((out[b:b + 1].float() - ref).abs().max() / ref.abs().max().clamp(min=1e-6))
-        if not err < 2e-2:
-            work.failures[key] = f"FA-3 over the pages differs from dense attention of sequence {b} by {err:.3g}"
-            return
-    work.fns[key] = fn
+        rows = cache._rows(b, torch.arange(n, device=dev))
+        seqs.append(tuple(pool.view(-1, *pool.shape[2:])[rows] for pool in (cache.k_pool, cache.v_pool)))
+    longest = max(cache.lens)
+    k_c = torch.zeros(len(seqs), longest, *cache.k_pool.shape[2:], device=dev, dtype=cache.k_pool.dtype)
+    v_c = torch.zeros(len(seqs), longest, *cache.v_pool.shape[2:], device=dev, dtype=cache.v_pool.dtype)
+    for b, (k, v) in enumerate(seqs):
+        k_c[b, :k.shape[0]], v_c[b, :v.shape[0]] = k, v
+    fns = {paged: lambda: dense_fa3.decode_paged(fa3, q, cache.k_pool, cache.v_pool, cache.page_table, lens, scale),
+           contig: lambda: dense_fa3.decode(fa3, q, k_c, v_c, lens, scale)}
+    for key, fn in fns.items():
+        try:
+            out = fn()
+        except RuntimeError as exc:
+            if "paged" in str(exc).lower():
+                work.reasons[key] = f"the installed FA-3 build refuses a paged cache: {why(exc)}"
+            else:
+                work.failures[key] = f"FA-3 raised {why(exc)}"
+            continue
+        for b, (k, v) in enumerate(seqs):
+            ref = F.scaled_dot_product_attention(
+                q[b:b + 1].float().transpose(1, 2), k.float().transpose(0, 1)[None], v.float().transpose(0, 1)[None],
+                scale=scale, enable_gqa=True).transpose(1, 2)
+            err = float((out[b:b + 1].float() - ref).abs().max() / ref.abs().max().clamp(min=1e-6))
+            if not err < 2e-2:
+                work.failures[key] = f"FA-3 differs from dense attention of sequence {b} by {err:.3g} (max rel)"
+                break
+        else:
+            work.fns[key] = fn
+    del seqs
 
 
 def _restorer(cache):
