@@ -201,8 +201,7 @@ def _fa3(work: Workload, keys: dict[str, str], q, cache, scale: float) -> None:
     from bench.runner import why
 
     paged, contig = keys["dense_fa3_paged"], keys["dense_fa3"]
-    for key in (paged, contig):
-        work.backends[key] = dense_fa3.NAME
+    work.backends[paged], work.backends[contig] = f"{dense_fa3.NAME}_paged", dense_fa3.NAME
     why_not = dense_fa3.reason(q, cache.k_pool, cache.v_pool)
     if why_not is not None:
         work.reasons[paged] = work.reasons[contig] = why_not
