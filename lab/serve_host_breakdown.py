@@ -3,6 +3,10 @@ contiguous step and GraphedDecode; then a profiler table of the paged step's lau
 
     PYTHONPATH=. python lab/serve_host_breakdown.py 8 65536     # B, tokens per sequence (CUDA)
 
+Also the cache's own graph step (`PagedCache.step`, the default on CUDA) with the GPU idle before
+each call, its pieces, and the GPU time of the attention alone (the four decode kernels replayed
+from a graph of their own, `triton.testing.do_bench`, L2 flushed) beside the whole step's replay.
+
 Host times are per call without synchronisation over 300 calls; "wall (events)" brackets 200
 calls with CUDA events. The per-piece numbers in docs/nsa.md ("Serving") came from this script on
 an H100 (9-43 us of host per launch there); the contiguous step is timed call by call, synchronised.
@@ -12,6 +16,7 @@ import sys
 import time
 
 import torch
+import triton
 from torch.profiler import ProfilerActivity, profile
 
 from bench.suites.decode import _module, fill_cache
@@ -49,7 +54,7 @@ def main(b: int, t: int) -> None:
     attn, _ = _module(p, torch.device("cuda"), torch.bfloat16)
     torch.manual_seed(0)
     x_t = torch.randn(b, 1, 2560, device="cuda", dtype=torch.bfloat16)
-    cache = PagedCache(attn, max_seqs=b, max_len=t + 4096, page_size=64)
+    cache = PagedCache(attn, max_seqs=b, max_len=t + 8192, page_size=64, graph=False)
     with torch.no_grad():
         xs = torch.randn(b, t, 2560, device="cuda", dtype=torch.bfloat16)
         for i in range(b):
@@ -78,6 +83,36 @@ def main(b: int, t: int) -> None:
         print("contig eager step, each (ms, synchronised):", each)
         graphed = GraphedDecode(cache)
         timed("paged graph step", lambda: graphed(x_t))
+        # The cache's own graph (PagedCache.step's default on CUDA): per call, the host's enqueue
+        # with an idle GPU (synchronised before each call, not after), then its pieces.
+        cache.graph = True
+        timed("paged step (own graph)", lambda: cache.step(x_t))
+        idle = []
+        for _ in range(200):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            cache.step(x_t)
+            idle.append((time.perf_counter() - t0) * 1e6)
+        idle.sort()
+        print(f"  paged step (own graph), GPU idle before each call: host median {idle[100]:.1f} us, "
+              f"p10 {idle[20]:.1f}, p90 {idle[180]:.1f}")
+        g = cache._graph
+        host("check_step", lambda: cache._check_step(x_t))
+        host("prepare", cache.prepare)
+        host("advance", cache.advance)
+        host("input copy", lambda: g._x.copy_(x_t))
+        host("replay", g.graph.replay)
+        host("output clone", g._out.clone)
+        # The attention alone (the four decode kernels, bound), replayed from a graph of its own:
+        # GPU time with an L2 flush before each replay (triton's do_bench), as the target.
+        att = torch.cuda.CUDAGraph()
+        launch = cache._launch[False]
+        with torch.cuda.graph(att):
+            launch()
+        ms = triton.testing.do_bench(att.replay, warmup=50, rep=300, return_mode="median")
+        print(f"  attention alone (4 decode kernels) from a graph: GPU {ms * 1e3:.1f} us (do_bench median, L2 flushed)")
+        prof_all = triton.testing.do_bench(g.graph.replay, warmup=25, rep=100, return_mode="median")
+        print(f"  whole step graph replay: GPU {prof_all * 1e3:.1f} us (do_bench median, L2 flushed)")
         q, _, gates = attn.project(x_t, start=t)
         timed("contig decode_attend", lambda: attn.decode_attend(q, gates, contig))
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
