@@ -331,9 +331,9 @@ class PagedCache:
         page, refs = self.page_size, self.refs
         for s, used in enumerate(self.used):
             if used:
-                n = self.lens[s]
+                n, pages = self.lens[s], self.pages[s]
                 # Most steps write into the slot's own last page: nothing to do (no call, no check).
-                if n % page == 0 or n >= self.max_len or refs[self.pages[s][n // page]] > 1:
+                if n % page == 0 or n >= self.max_len or n // page >= len(pages) or refs[pages[n // page]] > 1:
                     self.reserve(s, 1)
 
     def step(self, x_t: Tensor, *, blocks: Tensor | None = None) -> Tensor:
