@@ -113,8 +113,14 @@ def main(b: int, t: int) -> None:
         print(f"  attention alone (4 decode kernels) from a graph: GPU {ms * 1e3:.1f} us (do_bench median, L2 flushed)")
         prof_all = triton.testing.do_bench(g.graph.replay, warmup=25, rep=100, return_mode="median")
         print(f"  whole step graph replay: GPU {prof_all * 1e3:.1f} us (do_bench median, L2 flushed)")
-        q, _, gates = attn.project(x_t, start=t)
+        q, _, gates = attn.project(x_t, start=contig.length - 1)
         timed("contig decode_attend", lambda: attn.decode_attend(q, gates, contig))
+        # The same attention on the contiguous cache (NSAAttention.decode_attend), from a graph.
+        dense_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(dense_graph):
+            attn.decode_attend(q, gates, contig)
+        ms = triton.testing.do_bench(dense_graph.replay, warmup=50, rep=300, return_mode="median")
+        print(f"  contiguous decode_attend from a graph: GPU {ms * 1e3:.1f} us (do_bench median, L2 flushed)")
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 cache.step(x_t)
