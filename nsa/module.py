@@ -537,6 +537,10 @@ class NSAAttention(nn.Module):
         Reads: the compressed stream (`n_cmp(t)` tokens), the selected blocks' raw tokens `<= t`
         (gathered, or read in place by the Triton kernel; nothing else of the raw cache is touched)
         and the last `min(w, t+1)` tokens.
+
+        Every backend, gradients included, one length for the batch; each call plans and launches
+        from the host (milliseconds of host time on a GPU). A generation loop on CUDA should use
+        `nsa.serving.PagedCache`, whose step replays one CUDA graph (docs/nsa.md, "Serving").
         """
         c = self.config
         _check_input(x_t, c)
