@@ -27,7 +27,9 @@ def test_smoke_cell_builds_and_runs_on_cpu():
     (cell,) = expand("serve", serve.SPECS, "smoke")
     work = serve.build(cell, torch.device("cpu"))
     assert not work.failures, work.failures
-    assert set(work.reasons) == {"contig_graph", "paged_graph", "dense_cudnn", "paged_even_graph"}
+    assert set(work.reasons) == {"contig_graph", "paged_graph", "dense_cudnn", "paged_even_graph", "paged_step",
+                                 "dense_fa3_paged", "dense_fa3"}
+    assert "CUDA" in work.reasons["paged_step"] and "fa3" in work.reasons["dense_fa3"].lower()
     for key in ("paged_eager", "contig_eager"):
         work.setups[key]()
         out = work.fns[key]()
