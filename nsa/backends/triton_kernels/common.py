@@ -48,12 +48,12 @@ def _pv(p, v, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _program_bh(AXIS: tl.constexpr, HKV: tl.constexpr):
-    """This program's (bh, b, h) from its id along AXIS, `bh = b * HKV + h` (sequence b, KV group
-    h): `b` in int64, so `b * batch stride` and every offset added to it stay exact past 2**31
-    elements (B >= 2 sequences of 128k tokens with 16 KV heads already pass it)."""
+def _program_bh(AXIS: tl.constexpr, H: tl.constexpr):
+    """This program's (bh, b, h) from its id along AXIS, `bh = b * H + h` (sequence b, head or KV
+    group h of H): `b` in int64, so `b * batch stride` and every offset added to it stay exact
+    past 2**31 elements (B >= 2 sequences of 128k tokens with 16 KV heads already pass it)."""
     bh = tl.program_id(AXIS)
-    return bh, (bh // HKV).to(tl.int64), bh % HKV
+    return bh, (bh // H).to(tl.int64), bh % H
 
 
 @triton.jit
