@@ -22,19 +22,19 @@ from nsa.backends.triton_kernels.tiles import current
 
 
 @triton.jit
-def _tile_bounds(T, Tc, q_start, L: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr):
+def _tile_bounds(T, Tc, q_start, CMP_BLOCK: tl.constexpr, STRIDE: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr):
     """(t0, c0, skip) of program (key tile, query tile, group): skip where the whole key tile lies
     above the query tile's causal staircase."""
     t0 = tl.program_id(1) * BQ
     c0 = tl.program_id(0) * BK
     t_last = q_start + tl.minimum(t0 + BQ, T) - 1
-    vis_last = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
+    vis_last = tl.minimum(tl.maximum((t_last + 1 - CMP_BLOCK) // STRIDE + 1, 0), Tc)
     return t0, c0, c0 >= vis_last
 
 
 @triton.jit
 def _tile_rows(Q, KC, sqb, sqt, skb, skt, skh, T, Tc, q_start, t0, c0,
-               HKV: tl.constexpr, L: tl.constexpr, D: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
+               HKV: tl.constexpr, CMP_BLOCK: tl.constexpr, STRIDE: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
                DK: tl.constexpr, BDK: tl.constexpr):
     """(b, h, offs_q, q_ok, nvis, offs_c, offs_dk, kc, q_rows): the tile's queries, each one's
     visible compressed count, the compressed keys `[BK, BDK]` and the query rows' base pointers
@@ -45,7 +45,7 @@ def _tile_rows(Q, KC, sqb, sqt, skb, skt, skh, T, Tc, q_start, t0, c0,
     offs_q = t0 + tl.arange(0, BQ)
     q_ok = offs_q < T
     t_abs = q_start + offs_q
-    nvis = tl.minimum(tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1), Tc)
+    nvis = tl.minimum(tl.where(t_abs + 1 < CMP_BLOCK, 0, (t_abs + 1 - CMP_BLOCK) // STRIDE + 1), Tc)
     offs_c = c0 + tl.arange(0, BK)
     offs_dk = tl.arange(0, BDK)
     kc = tl.load(KC + b * skb + h * skh + offs_c[:, None] * skt + offs_dk[None, :],
@@ -56,12 +56,12 @@ def _tile_rows(Q, KC, sqb, sqt, skb, skt, skh, T, Tc, q_start, t0, c0,
 
 @triton.jit
 def _spill_store(acc, S, SP, b, h, offs_q, q_ok, nvis, offs_c, c0, ssb, sst, ssh, spb, spt, sph, NB,
-                 BQ: tl.constexpr, BK: tl.constexpr, R: tl.constexpr, E: tl.constexpr, D: tl.constexpr):
+                 BQ: tl.constexpr, BK: tl.constexpr, R: tl.constexpr, E: tl.constexpr, STRIDE: tl.constexpr):
     """The summed probabilities `acc [BQ, BK]` -> block scores of the tile's columns in `S` and
     the spill into the next tile's first block in `SP` (the production kernel's SPILL mode)."""
     acc = tl.where((offs_c[None, :] < nvis[:, None]) & q_ok[:, None], acc, 0.0)
     NBK: tl.constexpr = BK // R
-    tot, nxt = SC._block_map(acc, BQ, NBK, R, E, D)
+    tot, nxt = SC._block_map(acc, BQ, NBK, R, E, STRIDE)
     i = tl.arange(0, NBK)
     jb = c0 // R
     offs_j = jb + i
@@ -115,5 +115,5 @@ def launch(kern, x: types.SimpleNamespace, s: torch.Tensor, sp: torch.Tensor, bq
         q, kc, lse, s, sp, q.stride(0), q.stride(1), q.stride(2), kc.stride(0), kc.stride(1), kc.stride(2),
         lse.stride(0), lse.stride(1), s.stride(0), s.stride(1), s.stride(2), sp.stride(0), sp.stride(1),
         sp.stride(2), x.T, x.tc, x.nb, 0, x.scale * LOG2E, *extra,
-        HKV=x.hkv, G=x.hq // x.hkv, L=x.block, D=x.stride, R=x.rr, E=x.e, BQ=bq, BK=bk, DK=x.dk, BDK=x.dk,
+        HKV=x.hkv, G=x.hq // x.hkv, CMP_BLOCK=x.block, STRIDE=x.stride, R=x.rr, E=x.e, BQ=bq, BK=bk, DK=x.dk, BDK=x.dk,
         IEEE=q.dtype == torch.float32, **constexprs, **opts)

@@ -36,14 +36,14 @@ OUT = os.environ.get("OUT", "/tmp")
 @triton.jit
 def _scores_qr(Q, KC, LSE, S, SP, sqb, sqt, sqh, skb, skt, skh, slb, slh, ssb, sst, ssh, spb, spt, sph,
                T, Tc, NB, q_start, qk_scale2, one,
-               HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
+               HKV: tl.constexpr, G: tl.constexpr, CMP_BLOCK: tl.constexpr, STRIDE: tl.constexpr, R: tl.constexpr,
                E: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr, BDK: tl.constexpr,
                IEEE: tl.constexpr, MODE: tl.constexpr):
-    t0, c0, skip = _tile_bounds(T, Tc, q_start, L, D, BQ, BK)
+    t0, c0, skip = _tile_bounds(T, Tc, q_start, CMP_BLOCK, STRIDE, BQ, BK)
     if skip:
         return
     b, h, offs_q, q_ok, nvis, offs_c, offs_dk, kc, q_rows = _tile_rows(Q, KC, sqb, sqt, skb, skt, skh, T, Tc,
-                                                                       q_start, t0, c0, HKV, L, D, BQ, BK, DK, BDK)
+                                                                       q_start, t0, c0, HKV, CMP_BLOCK, STRIDE, BQ, BK, DK, BDK)
     kt = tl.trans(kc)
     acc = tl.zeros([BQ, BK], tl.float32)
     for g in range(G):
@@ -56,7 +56,7 @@ def _scores_qr(Q, KC, LSE, S, SP, sqb, sqt, sqh, skb, skt, skh, slb, slh, ssb, s
         lse2 = tl.load(LSE + b * slb + head * slh + offs_q, mask=q_ok, other=float("inf")) * 1.4426950408889634
         s = _dot(q, kt, IEEE)
         acc += tl.exp2(s * qk_scale2 - lse2[:, None])
-    _spill_store(acc, S, SP, b, h, offs_q, q_ok, nvis, offs_c, c0, ssb, sst, ssh, spb, spt, sph, NB, BQ, BK, R, E, D)
+    _spill_store(acc, S, SP, b, h, offs_q, q_ok, nvis, offs_c, c0, ssb, sst, ssh, spb, spt, sph, NB, BQ, BK, R, E, STRIDE)
 
 
 def run(T, hq, hkv):

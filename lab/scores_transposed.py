@@ -37,14 +37,14 @@ OUT = os.environ.get("OUT", "/tmp")
 @triton.jit
 def _scores_t(Q, KC, LSE, S, SP, sqb, sqt, sqh, skb, skt, skh, slb, slh, ssb, sst, ssh, spb, spt, sph,
               T, Tc, NB, q_start, qk_scale2, one,
-              HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
+              HKV: tl.constexpr, G: tl.constexpr, CMP_BLOCK: tl.constexpr, STRIDE: tl.constexpr, R: tl.constexpr,
               E: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr, BDK: tl.constexpr,
               IEEE: tl.constexpr, AREG: tl.constexpr):
-    t0, c0, skip = _tile_bounds(T, Tc, q_start, L, D, BQ, BK)
+    t0, c0, skip = _tile_bounds(T, Tc, q_start, CMP_BLOCK, STRIDE, BQ, BK)
     if skip:
         return
     b, h, offs_q, q_ok, nvis, offs_c, offs_dk, kc, q_rows = _tile_rows(Q, KC, sqb, sqt, skb, skt, skh, T, Tc,
-                                                                       q_start, t0, c0, HKV, L, D, BQ, BK, DK, BDK)
+                                                                       q_start, t0, c0, HKV, CMP_BLOCK, STRIDE, BQ, BK, DK, BDK)
     if AREG:
         kc = (kc.to(tl.float32) * one).to(KC.dtype.element_ty)
     acc = tl.zeros([BK, BQ], tl.float32)
@@ -58,8 +58,8 @@ def _scores_t(Q, KC, LSE, S, SP, sqb, sqt, sqh, skb, skt, skh, slb, slh, ssb, ss
     NBK: tl.constexpr = BK // R
     p3 = tl.reshape(acc, [NBK, R, BQ])
     r = tl.arange(0, R)
-    own = tl.sum(p3 * (D * tl.minimum(R - r, E)).to(tl.float32)[None, :, None], 1)
-    nxt = tl.sum(p3 * (D * tl.maximum(r + E - R, 0)).to(tl.float32)[None, :, None], 1)
+    own = tl.sum(p3 * (STRIDE * tl.minimum(R - r, E)).to(tl.float32)[None, :, None], 1)
+    nxt = tl.sum(p3 * (STRIDE * tl.maximum(r + E - R, 0)).to(tl.float32)[None, :, None], 1)
     i = tl.arange(0, NBK)
     shift = (i[:, None] == i[None, :] + 1).to(tl.float32)     # row i takes nxt row i - 1
     tot = own + tl.dot(shift, nxt, input_precision="ieee")

@@ -494,8 +494,8 @@ class PagedCache:
             self.page_table.stride(0)), dict(
             HQ=hq, HKV=hkv, DK=dk, DV=dv, BHK=_serve.np2(dk // 2), BHV=_serve.np2(dv // 2),
             BG=_serve.np2(3 * hq), OK_SEL=sel[0], OV_SEL=sel[1], OK_WIN=win[0], OV_WIN=win[1], OK_CMP=cmp_[0],
-            OV_CMP=cmp_[1], OG=off, NROLE=nrole, PAGE=self.page_size, W=c.window, L=c.cmp_block, STRIDE=c.cmp_stride,
-            NC=self.n_cmp, ROPE=c.rope, AVG=avg))
+            OV_CMP=cmp_[1], OG=off, NROLE=nrole, PAGE=self.page_size, W=c.window, CMP_BLOCK=c.cmp_block,
+            STRIDE=c.cmp_stride, NC=self.n_cmp, ROPE=c.rope, AVG=avg))
 
     def _project(self, x_t: Tensor, pos: Tensor) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]], Tensor]:
         """`NSAAttention.project` with each slot at its own position `pos [max_seqs]`."""

@@ -1,6 +1,17 @@
 """Helpers shared by the kernel families: sizes, the output allocation, log2(e), the two products
-of attention under each input precision, and the online-softmax step of the kernels that work in
-log2 units."""
+of attention under each input precision, and the kernels' shared primitives:
+
+    _program_bh       a program's (sequence, KV group) from its id, the sequence index in int64
+    _softmax_update   one key tile of the online softmax (`_softmax_step`: with `acc * alpha + p @ v`;
+                      `_softmax_tile`: a tile alone, the partial of one block)
+    _merge_weights    the weights that merge softmax partials (flash-decoding splits, block partials;
+                      `_merge_stats`: partials stacked along axis 0)
+
+Units: every kernel works in log2 units. The host passes `scale * LOG2E` (`qk_scale2`), so a
+logit times it is `x = logit * scale * log2(e)` and `exp(logit * scale - m) = exp2(x - m2)`
+with one exp2 and no extra multiply; row maxima `m`, partial maxima and log-sum-exps inside the
+kernels are in the same units. A log-sum-exp that leaves the kernels keeps the units its reader
+expects (each store says which)."""
 
 from __future__ import annotations
 
@@ -37,14 +48,69 @@ def _pv(p, v, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _softmax_step(qk2, v, m_i, l_i, acc, IEEE: tl.constexpr):
-    """One key tile of the online softmax on logits `qk2` in log2 units (-inf where masked):
-    the new running max, sum and `acc * alpha + p @ v` (fp32; bf16/fp16 `p` on tensor cores)."""
+def _program_bh(AXIS: tl.constexpr, H: tl.constexpr):
+    """This program's (bh, b, h) from its id along AXIS, `bh = b * H + h` (sequence b, head or KV
+    group h of H): `b` in int64, so `b * batch stride` and every offset added to it stay exact
+    past 2**31 elements (B >= 2 sequences of 128k tokens with 16 KV heads already pass it)."""
+    bh = tl.program_id(AXIS)
+    return bh, (bh // H).to(tl.int64), bh % H
+
+
+@triton.jit
+def _safe_max(m):
+    """A row max with -inf (nothing seen) taken as 0, so `exp2(x - _safe_max(m))` of an empty
+    row is exp2(-inf) = 0, never exp2(-inf + inf) = NaN."""
+    return tl.where(m == float("-inf"), 0.0, m)
+
+
+@triton.jit
+def _softmax_update(qk2, m_i, l_i):
+    """One key tile of the online softmax on logits `qk2 [rows, keys]` in log2 units (-inf where
+    masked) into the running row max `m_i` and sum `l_i`: (m_new, l_new, alpha, p), `alpha =
+    exp2(m_i - m_new)` the factor that rescales what was summed before, `p = exp2(qk2 - m_new)`
+    (m_new taken as 0 while a row has seen nothing)."""
     m_new = tl.maximum(m_i, tl.max(qk2, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    m_safe = _safe_max(m_new)
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(qk2 - m_safe[:, None])
-    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None] + _pv(p, v, IEEE)
+    return m_new, l_i * alpha + tl.sum(p, 1), alpha, p
+
+
+@triton.jit
+def _softmax_step(qk2, v, m_i, l_i, acc, IEEE: tl.constexpr):
+    """`_softmax_update` with the output: the new running max, sum and `acc * alpha + p @ v` (fp32;
+    bf16/fp16 `p` on tensor cores)."""
+    m_new, l_new, alpha, p = _softmax_update(qk2, m_i, l_i)
+    return m_new, l_new, acc * alpha[:, None] + _pv(p, v, IEEE)
+
+
+@triton.jit
+def _softmax_tile(qk2):
+    """The softmax partial of one key tile alone (a block, a chunk): its row max `m` and `p =
+    exp2(qk2 - m)` (log2 units; `_softmax_update` from nothing, without its rescale of nothing);
+    the partial's sum is `tl.sum(p, 1)`."""
+    m = tl.max(qk2, 1)
+    return m, tl.exp2(qk2 - _safe_max(m)[:, None])
+
+
+@triton.jit
+def _merge_weights(m, m_ref):
+    """Weights of softmax partials with maxima `m` (log2 units; -inf: an empty partial) merged
+    under the reference max `m_ref` (the partials' max, broadcast to `m`'s shape): `exp2(m -
+    m_ref)`, 0 for an empty partial and for every partial when all are empty. The merged sum is
+    `sum(w * l)`, the merged output `sum(w * acc) / sum(w * l)`; a partial kept as (log-sum-exp,
+    normalised output) merges the same way with `m` = its log-sum-exp and `l` = 1."""
+    return tl.exp2(m - _safe_max(m_ref))
+
+
+@triton.jit
+def _merge_stats(m, den):
+    """Partials (max m, sum den) stacked along axis 0 (`[S, rows]`, log2 units) merged: (m_tot,
+    l_tot, w), w `[S, rows]` each partial's `_merge_weights` (the merged output:
+    `sum(w[:, :, None] * acc, 0) / l_tot`)."""
+    m_tot = tl.max(m, 0)
+    w = _merge_weights(m, m_tot[None, :])
+    return m_tot, tl.sum(w * den, 0), w
 
 
 def pow2(x: int) -> bool:

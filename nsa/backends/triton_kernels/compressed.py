@@ -6,6 +6,7 @@ visible compressed keys (softmax stats, then output); the second also forms the 
 (Eq. 9-10) and writes each `[BTQ, blocks]` tile once, never materialising `[T, Tc]` in HBM.
 Decode (`_cmp_split`, few queries): the compressed keys split over chunks, flash-decoding style,
 stats pass then output/scores pass, the chunks' score spill added by `_add_spill`.
+Softmax statistics in log2 units (the host passes `scale * LOG2E`; common.py).
 """
 
 from __future__ import annotations
@@ -28,16 +29,25 @@ from nsa.backends.triton_kernels.cmp_tile import (
     _group_scores,
     _pv_tile,
 )
-from nsa.backends.triton_kernels.common import LOG2E, np2, pow2, unit_last_stride
+from nsa.backends.triton_kernels.common import (
+    LOG2E,
+    _merge_stats,
+    _program_bh,
+    _safe_max,
+    _softmax_update,
+    np2,
+    pow2,
+    unit_last_stride,
+)
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 
 @triton.jit
 def _cmp_group(Q, KC, VC, Out, S,
                sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, ssb, sst, ssh,
-               T, Tc, NB, q_start, scale,
+               T, Tc, NB, q_start, qk_scale2,
                TC_ALL: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-               BTQ: tl.constexpr, L: tl.constexpr, D: tl.constexpr, SEL: tl.constexpr,
+               BTQ: tl.constexpr, CMP_BLOCK: tl.constexpr, STRIDE: tl.constexpr, SEL_BLOCK: tl.constexpr,
                DK: tl.constexpr, DV: tl.constexpr, BC: tl.constexpr, BNB: tl.constexpr,
                BDK: tl.constexpr, BDV: tl.constexpr, SCORES: tl.constexpr, SCORE_MODE: tl.constexpr,
                SHIFT: tl.constexpr, IEEE: tl.constexpr, DYN_LOOP: tl.constexpr):
@@ -49,18 +59,15 @@ def _cmp_group(Q, KC, VC, Out, S,
     M: tl.constexpr = BTQ * GP
     # Causal: the tile's last query sees the most compressed tokens (max_vis): the loops stop there.
     pid_t, b, h, offs_t, row_ok, heads, nvis, max_vis, q = _group_rows(Q, sqb, sqt, sqh, T, Tc, q_start, HKV, G,
-                                                                       GP, BTQ, L, D, DK, BDK)
+                                                                       GP, BTQ, CMP_BLOCK, STRIDE, DK, BDK)
     offs_dv = tl.arange(0, BDV)
     kc_base = b * skb + h * skh
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
-        qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, scale, BC, BDK, DK, IEEE, True)
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        l_i = l_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(qk - m_safe[:, None]), 1)
-        m_i = m_new
-    m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
+        qk = _cmp_logits(q, KC, kc_base, skt, c0, nvis, Tc, qk_scale2, BC, BDK, DK, IEEE, True)
+        m_i, l_i, _, _ = _softmax_update(qk, m_i, l_i)
+    m_safe = _safe_max(m_i)
     inv_l = 1.0 / tl.where(l_i == 0.0, 1.0, l_i)
     acc = tl.zeros([M, BDV], tl.float32)
     t_first = pid_t * BTQ + tl.arange(0, BTQ)
@@ -68,17 +75,17 @@ def _cmp_group(Q, KC, VC, Out, S,
     # A score row's offset t * (Hkv * Nb) passes 2**31 at 128k with 16 KV heads: int64.
     s_rows = S + b * ssb + t_first[:, None].to(tl.int64) * sst + h * ssh
     for c0 in range(0, max_vis if DYN_LOOP else TC_ALL, BC):
-        acc, p, offs_c = _pv_tile(q, KC, VC, kc_base, b * svb + h * svh, skt, svt, c0, nvis, Tc, scale, m_safe,
-                                  inv_l, acc, BC, BDK, DK, BDV, DV, IEEE)
+        acc, p, offs_c = _pv_tile(q, KC, VC, kc_base, b * svb + h * svh, skt, svt, c0, nvis, Tc, qk_scale2,
+                                  m_safe, inv_l, acc, BC, BDK, DK, BDV, DV, IEEE)
         if SCORES:
             if SHIFT > 0:
                 carry = _carried_scores(p, offs_c, c0, carry, s_rows, t_first[:, None] < T, NB, BTQ, GP, BC,
-                                        SHIFT, L, D, SEL, SCORE_MODE)
+                                        SHIFT, CMP_BLOCK, STRIDE, SEL_BLOCK, SCORE_MODE)
             else:
                 # General sizes: read-modify-write of the tile's blocks (they overlap the next tile's).
-                jb = (c0 * D) // SEL
+                jb = (c0 * STRIDE) // SEL_BLOCK
                 ps = tl.sum(tl.reshape(p, [BTQ, GP, BC]), 1)              # Eq. 10: over heads
-                tot = _group_scores(ps, offs_c, jb, BNB, L, D, SEL, SCORE_MODE)
+                tot = _group_scores(ps, offs_c, jb, BNB, CMP_BLOCK, STRIDE, SEL_BLOCK, SCORE_MODE)
                 offs_j = jb + tl.arange(0, BNB)
                 ptr = S + b * ssb + t_first[:, None].to(tl.int64) * sst + h * ssh + offs_j[None, :]
                 smask = (t_first[:, None] < T) & (offs_j[None, :] < NB)
@@ -86,7 +93,7 @@ def _cmp_group(Q, KC, VC, Out, S,
                 tl.store(ptr, old + tot, mask=smask)
                 tl.debug_barrier()
     if SCORES and SHIFT > 0:
-        jb_end = (tl.cdiv(max_vis if DYN_LOOP else TC_ALL, BC) * BC * D) // SEL
+        jb_end = (tl.cdiv(max_vis if DYN_LOOP else TC_ALL, BC) * BC * STRIDE) // SEL_BLOCK
         offs_j = jb_end + tl.arange(0, SHIFT)
         tl.store(S + b * ssb + t_first[:, None].to(tl.int64) * sst + h * ssh + offs_j[None, :], carry,
                  mask=(t_first[:, None] < T) & (offs_j[None, :] < NB))
@@ -97,28 +104,27 @@ def _cmp_group(Q, KC, VC, Out, S,
 @triton.jit
 def _cmp_split(Q, KC, VC, ML, PACC, S, SPILL,
                sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, ssb, sst, ssh,
-               T, Tc, NB, q_start, scale, NS,
+               T, Tc, NB, q_start, qk_scale2, NS,
                PASS: tl.constexpr, NSP: tl.constexpr, CH: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr,
-               GP: tl.constexpr, BTQ: tl.constexpr, L: tl.constexpr, D: tl.constexpr, SEL: tl.constexpr,
+               GP: tl.constexpr, BTQ: tl.constexpr, CMP_BLOCK: tl.constexpr, STRIDE: tl.constexpr,
+               SEL_BLOCK: tl.constexpr,
                DK: tl.constexpr, DV: tl.constexpr, BC: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                SCORES: tl.constexpr, SCORE_MODE: tl.constexpr, SHIFT: tl.constexpr, IEEE: tl.constexpr):
     """Decode (a few queries, long context): `_cmp_group` split over chunks of CH compressed
     keys, one program per (chunk, KV group), so a step uses the whole GPU. PASS 1: each
-    chunk's softmax stats -> ML. PASS 2: the global stats from every chunk's, then this
+    chunk's softmax stats (log2 units) -> ML. PASS 2: the global stats from every chunk's, then this
     chunk's output share -> PACC (summed on the host) and its block scores -> S, with the
     spill past the chunk's last block -> SPILL (added by `_add_spill`)."""
     M: tl.constexpr = BTQ * GP
     s = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-    h = bh % HKV
+    bh, b, h = _program_bh(1, HKV)
     rows = tl.arange(0, M)
     offs_t = rows // GP
     g = rows % GP
     row_ok = (offs_t < T) & (g < G)
     t_abs = q_start + offs_t
     c_lo = s * CH
-    nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
+    nvis = tl.where(t_abs + 1 < CMP_BLOCK, 0, (t_abs + 1 - CMP_BLOCK) // STRIDE + 1)
     nvis = tl.where(row_ok, tl.minimum(tl.minimum(nvis, Tc), c_lo + CH), 0)   # this chunk's keys only
     offs_dk = tl.arange(0, BDK)
     heads = h * G + g
@@ -129,11 +135,8 @@ def _cmp_split(Q, KC, VC, ML, PACC, S, SPILL,
         m_i = tl.full([M], float("-inf"), tl.float32)
         l_i = tl.zeros([M], tl.float32)
         for i in range(0, CH, BC):
-            qk = _cmp_logits(q, KC, kc_base, skt, c_lo + i, nvis, Tc, scale, BC, BDK, DK, IEEE, True)
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            l_i = l_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(qk - m_safe[:, None]), 1)
-            m_i = m_new
+            qk = _cmp_logits(q, KC, kc_base, skt, c_lo + i, nvis, Tc, qk_scale2, BC, BDK, DK, IEEE, True)
+            m_i, l_i, _, _ = _softmax_update(qk, m_i, l_i)
         tl.store(ML + (s * tl.num_programs(1) + bh) * M + rows, m_i)
         tl.store(ML + ((NS + s) * tl.num_programs(1) + bh) * M + rows, l_i)
     else:
@@ -141,9 +144,8 @@ def _cmp_split(Q, KC, VC, ML, PACC, S, SPILL,
         at = (offs_s[:, None] * tl.num_programs(1) + bh) * M + rows[None, :]
         m_all = tl.load(ML + at, mask=offs_s[:, None] < NS, other=float("-inf"))
         l_all = tl.load(ML + NS * tl.num_programs(1) * M + at, mask=offs_s[:, None] < NS, other=0.0)
-        m_max = tl.max(m_all, 0)
-        m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-        l_tot = tl.sum(l_all * tl.exp(m_all - m_safe[None, :]), 0)
+        m_max, l_tot, _ = _merge_stats(m_all, l_all)
+        m_safe = _safe_max(m_max)
         inv_l = 1.0 / tl.where(l_tot == 0.0, 1.0, l_tot)
         offs_dv = tl.arange(0, BDV)
         acc = tl.zeros([M, BDV], tl.float32)
@@ -151,11 +153,11 @@ def _cmp_split(Q, KC, VC, ML, PACC, S, SPILL,
         carry = tl.zeros([BTQ, SHIFT], tl.float32)
         s_rows = S + b * ssb + t_first[:, None].to(tl.int64) * sst + h * ssh
         for i in range(0, CH, BC):
-            acc, p, offs_c = _pv_tile(q, KC, VC, kc_base, b * svb + h * svh, skt, svt, c_lo + i, nvis, Tc, scale,
-                                      m_safe, inv_l, acc, BC, BDK, DK, BDV, DV, IEEE)
+            acc, p, offs_c = _pv_tile(q, KC, VC, kc_base, b * svb + h * svh, skt, svt, c_lo + i, nvis, Tc,
+                                      qk_scale2, m_safe, inv_l, acc, BC, BDK, DK, BDV, DV, IEEE)
             if SCORES:
                 carry = _carried_scores(p, offs_c, c_lo + i, carry, s_rows, t_first[:, None] < T, NB, BTQ, GP,
-                                        BC, SHIFT, L, D, SEL, SCORE_MODE)
+                                        BC, SHIFT, CMP_BLOCK, STRIDE, SEL_BLOCK, SCORE_MODE)
         tl.store(PACC + ((s * tl.num_programs(1) + bh) * M + rows[:, None]) * BDV + offs_dv[None, :], acc)
         if SCORES:
             tl.store(SPILL + ((s * tl.num_programs(1) + bh) * BTQ + t_first[:, None]) * SHIFT
@@ -168,9 +170,7 @@ def _add_spill(S, SPILL, ssb, sst, ssh, T, NB,
     """S[block (s+1)*CHB + k] += SPILL[s, k]: chunk s's scores past its last block (the next
     chunk's own stores are done; chunks' spill ranges do not overlap)."""
     s = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-    h = bh % HKV
+    bh, b, h = _program_bh(1, HKV)
     t = tl.arange(0, BTQ)
     k = tl.arange(0, SHIFT)
     spill = tl.load(SPILL + ((s * tl.num_programs(1) + bh) * BTQ + t[:, None]) * SHIFT + k[None, :])
@@ -239,8 +239,9 @@ def compressed_and_scores(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, *, block: int
     _cmp_group[(triton.cdiv(tq, btq), b * hkv)](
         q, k_cmp, v_cmp, o, s, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
         k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        s.stride(0), s.stride(1), s.stride(2), tq, tc, nb, q_start, scale,
-        TC_ALL=tc if interpreting() else 0, HKV=hkv, G=group, GP=gp, BTQ=btq, L=block, D=stride, SEL=sel_block,
+        s.stride(0), s.stride(1), s.stride(2), tq, tc, nb, q_start, scale * LOG2E,
+        TC_ALL=tc if interpreting() else 0, HKV=hkv, G=group, GP=gp, BTQ=btq, CMP_BLOCK=block, STRIDE=stride,
+        SEL_BLOCK=sel_block,
         DK=dk, DV=dv, BC=bc, BNB=bnb, BDK=np2(dk), BDV=np2(dv), SCORES=scores, SCORE_MODE=mode, SHIFT=shift,
         IEEE=exact, DYN_LOOP=not interpreting(), **tiles.launch("cmp"))
     return o, s if scores else None
@@ -312,9 +313,9 @@ def _compressed_split(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, s: Ten
     spill = torch.empty(n_split, bh, btq, shift, dtype=torch.float32, device=q.device)
     args = (q, k_cmp, v_cmp, ml, pacc, s, spill, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0),
             k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), s.stride(0),
-            s.stride(1), s.stride(2), tq, tc, s.shape[-1], q_start, scale, n_split)
-    meta = dict(NSP=np2(n_split, 1), CH=chunk, HKV=hkv, G=hq // hkv, GP=gp, BTQ=btq, L=block, D=stride,
-                SEL=sel_block, DK=dk, DV=dv, BC=bc, BDK=np2(dk), BDV=bdv, SCORES=scores, SCORE_MODE=mode,
+            s.stride(1), s.stride(2), tq, tc, s.shape[-1], q_start, scale * LOG2E, n_split)
+    meta = dict(NSP=np2(n_split, 1), CH=chunk, HKV=hkv, G=hq // hkv, GP=gp, BTQ=btq, CMP_BLOCK=block, STRIDE=stride,
+                SEL_BLOCK=sel_block, DK=dk, DV=dv, BC=bc, BDK=np2(dk), BDV=bdv, SCORES=scores, SCORE_MODE=mode,
                 SHIFT=shift, IEEE=q.dtype == torch.float32, **tiles.launch("split"))
     _cmp_split[(n_split, bh)](*args, PASS=1, **meta)
     _cmp_split[(n_split, bh)](*args, PASS=2, **meta)
@@ -350,7 +351,8 @@ def _launch_lse(q: Tensor, k_cmp: Tensor, v_cmp: Tensor, o: Tensor, lse: Tensor,
         q, k_cmp, v_cmp, o, lse, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
         k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), o.stride(0), o.stride(1), o.stride(2),
         lse.stride(0), lse.stride(1), tq, tc, q_start, scale * LOG2E,
-        TC_ALL=tc if interpreting() else 0, HKV=hkv, G=group, GP=gp, BTQ=btq, L=block, D=stride, DK=dk, DV=dv,
+        TC_ALL=tc if interpreting() else 0, HKV=hkv, G=group, GP=gp, BTQ=btq, CMP_BLOCK=block, STRIDE=stride, DK=dk,
+        DV=dv,
         BC=tiles.lse_bc, BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32, DYN_LOOP=not interpreting(),
         **tiles.launch("lse"))
 
@@ -399,7 +401,7 @@ def _launch_scores(q: Tensor, k_cmp: Tensor, lse: Tensor, s: Tensor, spill: Tens
         q, k_cmp, lse, s, sp, q.stride(0), q.stride(1), q.stride(2), k_cmp.stride(0), k_cmp.stride(1),
         k_cmp.stride(2), lse.stride(0), lse.stride(1), s.stride(0), s.stride(1), s.stride(2), sp.stride(0),
         sp.stride(1), sp.stride(2), tq, tc, s.shape[-1], q_start, scale * LOG2E,
-        HKV=hkv, G=group, L=block, D=stride, R=r, E=e, BQ=bq, BK=bk, DK=dk, BDK=np2(dk), IEEE=exact,
+        HKV=hkv, G=group, CMP_BLOCK=block, STRIDE=stride, R=r, E=e, BQ=bq, BK=bk, DK=dk, BDK=np2(dk), IEEE=exact,
         SPILL=spill is not None, QT=qt, GATHER=tiles.scr_gather, **tiles.launch("scr"))
 
 

@@ -40,7 +40,9 @@ that B's top-n program loads every chunk at once up to `Tiles.dtop_once` chunks,
 all its loads before it uses any: on the last group's chain the round trips count, not the bytes
 (results/h100/decode-tail/).
 Scores are fp32 like the prefill kernels (docs/nsa.md, "Precision"): p relative to the chunk's
-max, rescaled by exp(m_c - lse), is exp(logit - lse) up to fp32 rounding. The partial outputs
+max, rescaled by exp(m_c - lse), is exp(logit - lse) up to fp32 rounding. Every softmax
+statistic (row maxima, partials' m, lse) is in log2 units: the host passes `scale * LOG2E`
+(common.py), and the merges use common's `_merge_weights` / `_merge_stats`. The partial outputs
 (unnormalised acc) are stored in q's dtype, (m, l) in fp32 (docs/nsa.md, "Decode";
 `Tiles.dec_part_fp32` keeps fp32). `decode_step(_trace=)` has the kernels stamp the GPU's global
 timer per group at the points of TRACE_NAMES (lab/decode_trace.py: where the step's
@@ -56,7 +58,19 @@ import triton.language as tl
 from torch import Tensor
 
 from nsa.backends.triton_kernels import common
-from nsa.backends.triton_kernels.common import _dot, _pv, np2, pow2, unit_last_stride
+from nsa.backends.triton_kernels.common import (
+    LOG2E,
+    _dot,
+    _merge_stats,
+    _merge_weights,
+    _program_bh,
+    _pv,
+    _safe_max,
+    _softmax_tile,
+    np2,
+    pow2,
+    unit_last_stride,
+)
 from nsa.backends.triton_kernels.scores import _block_map
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 from nsa.backends.triton_kernels.topn import _row_scores, _select_row, sort_params
@@ -92,18 +106,18 @@ def _scratch(n: int, device: torch.device, dtype: torch.dtype = torch.float32) -
 
 
 @triton.jit
-def _attend_block(q, Kb, Vb, skt, svt, kpos, valid, scale,
+def _attend_block(q, Kb, Vb, skt, svt, kpos, valid, qk_scale2,
                   DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr):
     """Softmax partial of the group's heads over one block of keys at rows `kpos` (masked by
-    `valid`): (row max m, p = exp(logit - m), acc = p @ V); the row sum of p is l."""
+    `valid`), log2 units: (row max m, p = exp2(logit * qk_scale2 - m), acc = p @ V); the row sum
+    of p is l."""
     offs_dk = tl.arange(0, BDK)
     offs_dv = tl.arange(0, BDV)
     k = tl.load(Kb + kpos[:, None].to(tl.int64) * skt + offs_dk[None, :],
                 mask=valid[:, None] & (offs_dk[None, :] < DK), other=0.0)
     qk = _dot(q, tl.trans(k), IEEE)
-    qk = tl.where(valid[None, :], qk * scale, float("-inf"))
-    m = tl.max(qk, 1)
-    p = tl.exp(qk - tl.where(m == float("-inf"), 0.0, m)[:, None])
+    qk = tl.where(valid[None, :], qk * qk_scale2, float("-inf"))
+    m, p = _softmax_tile(qk)
     v = tl.load(Vb + kpos[:, None].to(tl.int64) * svt + offs_dv[None, :],
                 mask=valid[:, None] & (offs_dv[None, :] < DV), other=0.0)
     acc = _pv(p, v, IEEE)
@@ -148,9 +162,9 @@ def _group_t(POS, b, t, DEVPOS: tl.constexpr):
 
 
 @triton.jit
-def _group_nch(t, tc, E: tl.constexpr, D: tl.constexpr, CH: tl.constexpr):
+def _group_nch(t, tc, E: tl.constexpr, STRIDE: tl.constexpr, CH: tl.constexpr):
     """Compressed tokens visible at position `t` (at most `tc` stored), and their CH-token chunks."""
-    nvis = tl.where(t + 1 >= E * D, tl.minimum((t + 1 - E * D) // D + 1, tc), 0)
+    nvis = tl.where(t + 1 >= E * STRIDE, tl.minimum((t + 1 - E * STRIDE) // STRIDE + 1, tc), 0)
     return nvis, (nvis + CH - 1) // CH
 
 
@@ -195,8 +209,8 @@ def _stamp(TR, bh, slot: tl.constexpr, MAX: tl.constexpr):
 # divisibility would compile another variant, seconds each, as a step crosses it).
 @triton.jit(do_not_specialize=["t", "tc", "nchs"])
 def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, TR, POS, t, tc, nchs, sqb, sqh, skb, skt, skh, svb, svt, svh, nbh,
-             scale, DEVPOS: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr,
-             E: tl.constexpr, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
+             qk_scale2, DEVPOS: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr,
+             R: tl.constexpr, E: tl.constexpr, STRIDE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
              BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr,
              TRACE: tl.constexpr):
     """Program (c, bh), c < nch (the group's own chunk count, at its position): chunk `c` of the
@@ -206,9 +220,8 @@ def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, TR, POS, t, tc, nchs, sqb, sq
     at their targets, back to 0, before it lets kernel B start (so before any program of this
     step can count there); kernel D set SYNC[0] and SYNC[2] back to 0."""
     c = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-    nvis, nch = _group_nch(_group_t(POS, b, t, DEVPOS), tc, E, D, CH)
+    bh, b, h = _program_bh(1, HKV)
+    nvis, nch = _group_nch(_group_t(POS, b, t, DEVPOS), tc, E, STRIDE, CH)
     if TRACE:
         _stamp(TR, bh, 1, False)
     if FLAGS and c == 0:
@@ -220,8 +233,8 @@ def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, TR, POS, t, tc, nchs, sqb, sq
     elif PDL:
         gdc_launch_dependents()    # kernel B may start its programs (they wait for this grid)
     if c < nch:
-        _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, bh % HKV, bh * nchs + c, c, sqb, sqh, skb, skt, skh, svb, svt,
-                    svh, nvis, scale, G, BG, CH, R, E, D, DK, DV, BDK, BDV, IEEE)
+        _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, h, bh * nchs + c, c, sqb, sqh, skb, skt, skh, svb, svt,
+                    svh, nvis, qk_scale2, G, BG, CH, R, E, STRIDE, DK, DV, BDK, BDV, IEEE)
         if TRACE:                  # before the signal, so a waiting program's stamps come after it
             _stamp(TR, bh, 0, True)
         if FLAGS:
@@ -229,9 +242,9 @@ def _dec_cmp(Q, KC, VC, PML, PACC, PSC, PSP, SYNC, TR, POS, t, tc, nchs, sqb, sq
 
 
 @triton.jit
-def _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, h, part, c, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis, scale,
-                G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr, E: tl.constexpr,
-                D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
+def _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, h, part, c, sqb, sqh, skb, skt, skh, svb, svt, svh, nvis,
+                qk_scale2, G: tl.constexpr, BG: tl.constexpr, CH: tl.constexpr, R: tl.constexpr, E: tl.constexpr,
+                STRIDE: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
                 IEEE: tl.constexpr):
     """Chunk `c` = compressed keys `[c*CH, (c+1)*CH)`, visible below `nvis`, for the G heads of one
     (sequence, KV group): (m, l) -> PML[part, 0/1, g], acc -> PACC[part, g], block-score partial
@@ -242,15 +255,15 @@ def _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, h, part, c, sqb, sqh, skb, sk
     q = _group_q(Q, b, h, sqb, sqh, G, BG, DK, BDK)
     offs_c = c * CH + tl.arange(0, CH)
     m, p, acc = _attend_block(q, KC + b * skb + h * skh, VC + b * svb + h * svh, skt, svt, offs_c, offs_c < nvis,
-                              scale, DK, DV, BDK, BDV, IEEE)
+                              qk_scale2, DK, DV, BDK, BDV, IEEE)
     # Padded head rows (q = 0) leave the partial empty, so they add nothing to the group's scores.
     m = tl.where(g_ok, m, float("-inf"))
     p = tl.where(g_ok[:, None], p, 0.0)
     _store_partial(PML, PACC, part, m, tl.sum(p, 1), acc, BG, BDV)
     part = part.to(tl.int64)
-    # Block map (scores.py): token jR + r gives D*min(R-r, E) to block j, D*max(0, r+E-R) to j+1.
+    # Block map (scores.py): token jR + r gives d*min(R-r, E) to block j, d*max(0, r+E-R) to j+1.
     NBK: tl.constexpr = CH // R
-    tot, nxt = _block_map(p, BG, NBK, R, E, D)
+    tot, nxt = _block_map(p, BG, NBK, R, E, STRIDE)
     i = tl.arange(0, NBK)
     tl.store(PSC + (part * BG + offs_g)[:, None] * NBK + i[None, :], tot)
     tl.store(PSP + part * BG + offs_g, tl.sum(tl.where(i[None, :] == NBK - 1, nxt, 0.0), 1))
@@ -258,7 +271,7 @@ def _chunk_role(Q, KC, VC, PML, PACC, PSC, PSP, b, h, part, c, sqb, sqh, skb, sk
 
 @triton.jit
 def _window_role(Q, KW, VW, WML, WACC, b, h, part, wblk, sqb, sqh, skwb, skwt, skwh, svwb, svwt, svwh, t, kw_start,
-                 PT, spt, wcap, scale, G: tl.constexpr, BG: tl.constexpr, WB: tl.constexpr, DK: tl.constexpr,
+                 PT, spt, wcap, qk_scale2, G: tl.constexpr, BG: tl.constexpr, WB: tl.constexpr, DK: tl.constexpr,
                  DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, WMODE: tl.constexpr,
                  PAGE: tl.constexpr):
     """Window block `wblk` (positions `wblk*WB ..` within `kw_start .. t`) of the window cache, for
@@ -280,7 +293,7 @@ def _window_role(Q, KW, VW, WML, WACC, b, h, part, wblk, sqb, sqh, skwb, skwt, s
         kb, vb = KW + h * skwh, VW + h * svwh
     else:
         kb, vb = KW + b * skwb + h * skwh, VW + b * svwb + h * svwh
-    m, p_w, acc = _attend_block(q, kb, vb, skwt, svwt, rows, ok, scale, DK, DV, BDK, BDV, IEEE)
+    m, p_w, acc = _attend_block(q, kb, vb, skwt, svwt, rows, ok, qk_scale2, DK, DV, BDK, BDV, IEEE)
     _store_partial(WML, WACC, part, m, tl.sum(p_w, 1), acc, BG, BDV)
 
 
@@ -297,7 +310,7 @@ def _load_ml(PML, part, ok, offs_g, BG: tl.constexpr):
 def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constexpr, BG: tl.constexpr,
                  CB: tl.constexpr):
     """(max m, l rescaled to it) over the chunk partials `base .. base + nch - 1`, per head, CB
-    partials per vector load."""
+    partials per vector load, merged into the running (m, l) as they come (log2 units)."""
     cc = tl.arange(0, CB)
     m_run = tl.full([BG], float("-inf"), tl.float32)
     l_run = tl.zeros([BG], tl.float32)
@@ -305,8 +318,7 @@ def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constex
         c = c0 + cc
         m, lc = _load_ml(PML, (base + c).to(tl.int64), c < nch, offs_g, BG)
         m_new = tl.maximum(m_run, tl.max(m, 0))
-        ms = tl.where(m_new == float("-inf"), 0.0, m_new)
-        l_run = l_run * tl.exp(m_run - ms) + tl.sum(lc * tl.exp(m - ms[None, :]), 0)
+        l_run = l_run * _merge_weights(m_run, m_new) + tl.sum(lc * _merge_weights(m, m_new[None, :]), 0)
         m_run = m_new
     return m_run, l_run
 
@@ -316,7 +328,7 @@ def _chunk_stats(PML, base, nch, offs_g, NCH_HOST: tl.constexpr, DYN: tl.constex
 @triton.jit(do_not_specialize=["t", "tc", "nchs"])
 def _dec_topn(PML, PSC, PSP, S, IDX, SYNC, TR, POS, t, tc, nchs, sib, sih, nbh,
               NCH_HOST: tl.constexpr, DYN: tl.constexpr, DEVPOS: tl.constexpr, EXT: tl.constexpr,
-              E: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, SEL: tl.constexpr,
+              E: tl.constexpr, STRIDE: tl.constexpr, CH: tl.constexpr, SEL_BLOCK: tl.constexpr,
               HKV: tl.constexpr, BG: tl.constexpr,
               NBK: tl.constexpr, SW: tl.constexpr, N: tl.constexpr, BN: tl.constexpr, CB: tl.constexpr,
               ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr, CAP: tl.constexpr,
@@ -332,11 +344,9 @@ def _dec_topn(PML, PSC, PSP, S, IDX, SYNC, TR, POS, t, tc, nchs, sib, sih, nbh,
     EXT: IDX already holds the blocks (imported from an external indexer): no top-n, only the count."""
     if PDL:
         gdc_launch_dependents()    # kernel C may start its programs (they wait for this grid)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)
-    h = bh % HKV
+    bh, b, h = _program_bh(1, HKV)
     tg = _group_t(POS, b, t, DEVPOS)
-    nvis, nch = _group_nch(tg, tc, E, D, CH)
+    nvis, nch = _group_nch(tg, tc, E, STRIDE, CH)
     if TRACE:
         _stamp(TR, bh, 10, False)
     if FLAGS:
@@ -346,7 +356,8 @@ def _dec_topn(PML, PSC, PSP, S, IDX, SYNC, TR, POS, t, tc, nchs, sib, sih, nbh,
     if TRACE:
         _stamp(TR, bh, 2, True)
     if not EXT:
-        _topn_role(PML, PSC, PSP, S, IDX + b * sib + h * sih, bh, nch, nchs, tg // SEL + 1, tg // SEL, NCH_HOST,
+        _topn_role(PML, PSC, PSP, S, IDX + b * sib + h * sih, bh, nch, nchs, tg // SEL_BLOCK + 1, tg // SEL_BLOCK,
+                   NCH_HOST,
                    DYN, BG, NBK, SW, N, BN, CB, ALGO, IB, K2, CW, CAP, SORT64, LANES, ONCE, TR, TRACE)
     if TRACE:
         _stamp(TR, bh, 3, True)
@@ -382,10 +393,9 @@ def _topn_role(PML, PSC, PSP, S, out, bh, nch, nchs, NB, cur, NCH_HOST: tl.const
 
 @triton.jit
 def _lse(m_run, l_run):
-    """Log-sum-exp per head from (max, sum over the chunks); +inf for a row that sees nothing (and
-    the padded heads), so exp(m - lse) is 0 there."""
-    return tl.where(l_run == 0.0, float("inf"),
-                    tl.where(m_run == float("-inf"), 0.0, m_run) + tl.log(tl.where(l_run == 0.0, 1.0, l_run)))
+    """Log-sum-exp per head from (max, sum over the chunks), log2 units; +inf for a row that sees
+    nothing (and the padded heads), so exp2(m - lse) is 0 there."""
+    return tl.where(l_run == 0.0, float("inf"), _safe_max(m_run) + tl.log2(tl.where(l_run == 0.0, 1.0, l_run)))
 
 
 @triton.jit
@@ -403,9 +413,9 @@ def _scores_once(PML, PSC, PSP, srow, base, nch, offs_g, k, BG: tl.constexpr, NB
     own = tl.load(PSC + (part[:, None, None] * BG + offs_g[None, :, None]) * NBK + k[None, None, :],
                   mask=ok[:, None, None], other=0.0)
     sp = tl.load(PSP + part[:, None] * BG + offs_g[None, :], mask=ok[:, None], other=0.0)
-    m_run = tl.max(m, 0)
-    lse = _lse(m_run, tl.sum(lc * tl.exp(m - tl.where(m_run == float("-inf"), 0.0, m_run)[None, :]), 0))
-    w = tl.exp(m - lse[None, :])                                       # [ONCE, BG]
+    m_run, l_run, _ = _merge_stats(m, lc)
+    lse = _lse(m_run, l_run)
+    w = tl.exp2(m - lse[None, :])                                      # [ONCE, BG]
     sc = tl.sum(w[:, :, None] * own, 1)                                # [ONCE, NBK]
     spill = tl.sum(w * sp, 1)                                          # chunk c -> block (c+1)*NBK
     prev = tl.sum(tl.where(c[:, None] == c[None, :] + 1, spill[None, :], 0.0), 1)   # row c gets chunk c-1's
@@ -433,12 +443,12 @@ def _scores_loop(PML, PSC, PSP, srow, base, nch, offs_g, k, NCH_HOST: tl.constex
         m = tl.load(PML + (part * 2)[:, None] * BG + offs_g[None, :], mask=own_ok[:, None], other=float("-inf"))
         own = tl.load(PSC + (part[:, None, None] * BG + offs_g[None, :, None]) * NBK + k[None, None, :],
                       mask=own_ok[:, None, None], other=0.0)
-        sc = tl.sum(tl.exp(m - lse[None, :])[:, :, None] * own, 1)                    # [CB, NBK]
+        sc = tl.sum(tl.exp2(m - lse[None, :])[:, :, None] * own, 1)                   # [CB, NBK]
         prev_ok = (c >= 1) & (c <= nch)
         mp = tl.load(PML + ((part - 1) * 2)[:, None] * BG + offs_g[None, :], mask=prev_ok[:, None],
                      other=float("-inf"))
         sp = tl.load(PSP + (part - 1)[:, None] * BG + offs_g[None, :], mask=prev_ok[:, None], other=0.0)
-        sc = sc + tl.where(k[None, :] == 0, tl.sum(tl.exp(mp - lse[None, :]) * sp, 1)[:, None], 0.0)
+        sc = sc + tl.where(k[None, :] == 0, tl.sum(tl.exp2(mp - lse[None, :]) * sp, 1)[:, None], 0.0)
         j = c[:, None] * NBK + k[None, :]
         tl.store(srow + j, sc, mask=(c[:, None] <= nch) & (j < SW))
 
@@ -452,7 +462,6 @@ def _cmp_merge_role(PML, PACC, OC, bh, col, nch, nchs, NCH_HOST: tl.constexpr, D
     offs_v = col * DVC + tl.arange(0, DVC)
     base = bh * nchs
     m_run, l_run = _chunk_stats(PML, base, nch, offs_g, NCH_HOST, DYN, BG, CB)
-    ms = tl.where(m_run == float("-inf"), 0.0, m_run)
     cc = tl.arange(0, CB)
     acc = tl.zeros([BG, DVC], tl.float32)
     for c0 in range(0, nch if DYN else NCH_HOST, CB):
@@ -461,7 +470,7 @@ def _cmp_merge_role(PML, PACC, OC, bh, col, nch, nchs, NCH_HOST: tl.constexpr, D
         m = tl.load(PML + (part * 2)[:, None] * BG + offs_g[None, :], mask=(c < nch)[:, None], other=float("-inf"))
         a = tl.load(PACC + (part[:, None, None] * BG + offs_g[None, :, None]) * BDV + offs_v[None, None, :],
                     mask=(c < nch)[:, None, None], other=0.0).to(tl.float32)
-        acc += tl.sum(tl.exp(m - ms[None, :])[:, :, None] * a, 0)
+        acc += tl.sum(_merge_weights(m, m_run[None, :])[:, :, None] * a, 0)
     o_cmp = acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]
     tl.store(OC + (bh * BG + offs_g)[:, None] * BDV + offs_v[None, :], o_cmp)
 
@@ -471,9 +480,10 @@ def _cmp_merge_role(PML, PACC, OC, bh, col, nch, nchs, NCH_HOST: tl.constexpr, D
 @triton.jit(do_not_specialize=["t", "tc", "nchs", "win", "len_sel"])
 def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, CML, CACC, OC, SYNC, TR, POS, t, tc, nchs, PT, spt,
                 win, wcap, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, skwb,
-                skwt, skwh, svwb, svwt, svwh, sib, sih, len_sel, scale, nbh,
-                DEVPOS: tl.constexpr, E: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, PAGE: tl.constexpr,
-                WMODE: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
+                skwt, skwh, svwb, svwt, svwh, sib, sih, len_sel, qk_scale2, nbh,
+                DEVPOS: tl.constexpr, E: tl.constexpr, STRIDE: tl.constexpr, CH: tl.constexpr, PAGE: tl.constexpr,
+                WMODE: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, N_SEL: tl.constexpr,
+                SEL_BLOCK: tl.constexpr,
                 WB: tl.constexpr, NWP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
                 BDV: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, FLAGS: tl.constexpr,
                 TRACE: tl.constexpr, NCH_HOST: tl.constexpr, DYN: tl.constexpr, CB: tl.constexpr,
@@ -490,21 +500,20 @@ def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, CML, CACC, OC, SYN
     if PDL:
         gdc_launch_dependents()    # kernel D may start its programs (they wait for this grid)
     p = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)
-    h = bh % HKV
+    bh, b, h = _program_bh(1, HKV)
     tg = _group_t(POS, b, t, DEVPOS)
-    nvis, nch = _group_nch(tg, tc, E, D, CH)
+    nvis, nch = _group_nch(tg, tc, E, STRIDE, CH)
     if TRACE:
         _stamp(TR, bh, 11 if p < N_SEL else 12, False)
     if p < N_SEL:
         _selected_role(Q, KS, VS, IDX, PML, PACC, SYNC + 2 * nbh + bh, b, h, bh * N_SEL + p, p, sqb, sqh, sksb, skst,
-                       sksh, svsb, svst, svsh, sib, sih, tg, len_sel, PT, spt, scale, G, BG, SEL, DK, DV, BDK, BDV,
+                       sksh, svsb, svst, svsh, sib, sih, tg, len_sel, PT, spt, qk_scale2, G, BG, SEL_BLOCK, DK, DV,
+                       BDK, BDV,
                        IEEE, PDL, FLAGS, TR, bh, TRACE, PAGE)
     elif p < N_SEL + NWP:
         kw_start = tl.maximum(tg + 1 - win, 0)
         _window_role(Q, KW, VW, WML, WACC, b, h, bh * NWP + p - N_SEL, kw_start // WB + p - N_SEL, sqb, sqh, skwb,
-                     skwt, skwh, svwb, svwt, svwh, tg, kw_start, PT, spt, wcap, scale, G, BG, WB, DK, DV, BDK, BDV,
+                     skwt, skwh, svwb, svwt, svwh, tg, kw_start, PT, spt, wcap, qk_scale2, G, BG, WB, DK, DV, BDK, BDV,
                      IEEE, WMODE, PAGE)
     else:
         if FLAGS:
@@ -520,7 +529,7 @@ def _dec_blocks(Q, KS, VS, KW, VW, IDX, PML, PACC, WML, WACC, CML, CACC, OC, SYN
 
 @triton.jit
 def _selected_role(Q, KS, VS, IDX, PML, PACC, topn_done, b, h, part, slot, sqb, sqh, sksb, skst, sksh, svsb, svst, svsh, sib, sih,
-                   t, len_sel, PT, spt, scale, G: tl.constexpr, BG: tl.constexpr, SEL: tl.constexpr,
+                   t, len_sel, PT, spt, qk_scale2, G: tl.constexpr, BG: tl.constexpr, SEL_BLOCK: tl.constexpr,
                    DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr,
                    PDL: tl.constexpr, FLAGS: tl.constexpr, TR, bh, TRACE: tl.constexpr, PAGE: tl.constexpr):
     """Selected block `slot` of IDX[b, 0, h] (-1: empty) over the raw cache, positions `<= t`
@@ -533,14 +542,14 @@ def _selected_role(Q, KS, VS, IDX, PML, PACC, topn_done, b, h, part, slot, sqb, 
     if TRACE:
         _stamp(TR, bh, 5, True)
     blk = tl.load(IDX + b * sib + h * sih + slot)
-    pos_s = blk * SEL + tl.arange(0, SEL)
+    pos_s = blk * SEL_BLOCK + tl.arange(0, SEL_BLOCK)
     ok = (blk >= 0) & (pos_s <= t) & (pos_s < len_sel)
     if PAGE > 0:
         kb, vb = KS + h * sksh, VS + h * svsh
     else:
         kb, vb = KS + b * sksb + h * sksh, VS + b * svsb + h * svsh
-    m, p_s, acc = _attend_block(q, kb, vb, skst, svst, _page_rows(PT, b, pos_s, ok, spt, PAGE), ok, scale, DK, DV,
-                                BDK, BDV, IEEE)
+    m, p_s, acc = _attend_block(q, kb, vb, skst, svst, _page_rows(PT, b, pos_s, ok, spt, PAGE), ok, qk_scale2, DK,
+                                DV, BDK, BDV, IEEE)
     _store_partial(PML, PACC, part, m, tl.sum(p_s, 1), acc, BG, BDV)
 
 
@@ -560,10 +569,8 @@ def _partials(PML, PACC, first, offs_g, offs_v, N: tl.constexpr, NP: tl.constexp
 
 @triton.jit
 def _merged(m, den, a):
-    """The normalised output of partials (m, l, acc) from `_partials`, in fp32."""
-    mx = tl.max(m, 0)
-    w = tl.exp(m - tl.where(mx == float("-inf"), 0.0, mx)[None, :])
-    l_tot = tl.sum(w * den, 0)
+    """The normalised output of partials (m, l, acc) from `_partials` (m in log2 units), in fp32."""
+    _, l_tot, w = _merge_stats(m, den)
     return tl.sum(w[:, :, None] * a.to(tl.float32), 0) / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
 
 
@@ -571,7 +578,8 @@ def _merged(m, den, a):
 # divisibility would compile another variant, seconds each, as a step crosses it).
 @triton.jit(do_not_specialize=["t", "tc"])
 def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, POS, t, tc, sgb, sgh, sgc, sob, soh, nbh,
-             DEVPOS: tl.constexpr, E: tl.constexpr, D: tl.constexpr, CH: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, BG: tl.constexpr, NSPL: tl.constexpr, NWP: tl.constexpr,
+             DEVPOS: tl.constexpr, E: tl.constexpr, STRIDE: tl.constexpr, CH: tl.constexpr, HKV: tl.constexpr,
+             G: tl.constexpr, BG: tl.constexpr, NSPL: tl.constexpr, NWP: tl.constexpr,
              NPS: tl.constexpr, NPW: tl.constexpr, DV: tl.constexpr, BDV: tl.constexpr, DVC: tl.constexpr,
              PDL: tl.constexpr, FLAGS: tl.constexpr, TRACE: tl.constexpr):
     """Per (sequence, KV group, DVC output columns): the compressed output (kernel C's merges), the
@@ -581,7 +589,7 @@ def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, POS, t, tc, sgb, sgh, 
     then its program for the first columns sets SYNC[0][bh] and SYNC[2][bh] back to 0: every
     program that waits on them has passed (C's merges counted in SYNC[1], C's selected programs
     in SYNC[3]). SYNC[1] and SYNC[3] stay at their targets for the next step's kernel A."""
-    bh = tl.program_id(0)
+    bh, b, h = _program_bh(0, HKV)
     if TRACE:
         _stamp(TR, bh, 13, False)
     if FLAGS:
@@ -591,8 +599,6 @@ def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, POS, t, tc, sgb, sgh, 
         gdc_wait()                 # kernel C's partials; B's through C's wait
     if TRACE:
         _stamp(TR, bh, 8, True)
-    b = (bh // HKV).to(tl.int64)
-    h = bh % HKV
     offs_g = tl.arange(0, BG)
     offs_v = tl.program_id(1) * DVC + tl.arange(0, DVC)
     # Every load first: each waits for an L2 round trip, and a use between them would put those
@@ -614,7 +620,7 @@ def _dec_out(OC, BML, BACC, WML, WACC, GT, Out, SYNC, TR, POS, t, tc, sgb, sgh, 
         _stamp(TR, bh, 9, True)
     if FLAGS and tl.program_id(1) == 0:
         if FLAGS == 2:             # the interpreter: only counts at their targets (tests read them after a step)
-            nvis, nch = _group_nch(_group_t(POS, b, t, DEVPOS), tc, E, D, CH)
+            nvis, nch = _group_nch(_group_t(POS, b, t, DEVPOS), tc, E, STRIDE, CH)
             if (tl.load(SYNC + bh) == nch) & (tl.load(SYNC + 2 * nbh + bh) == 1):
                 tl.store(SYNC + bh, 0)
                 tl.store(SYNC + 2 * nbh + bh, 0)
@@ -776,7 +782,7 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
     host = interpreting()
     loop = dict(NCH_HOST=nchs if host else 0, DYN=not host)
     posa = pos if devpos else sync                   # unused without DEVPOS
-    geo = dict(DEVPOS=devpos, E=e, D=stride, CH=ch)
+    geo = dict(DEVPOS=devpos, E=e, STRIDE=stride, CH=ch)
     win = window if devpos else k_win.shape[1]       # host t: the window cache holds positions t+1-nw .. t
     wcap = k_win.shape[1] if wmode == 1 else 1
     if wmode == 1 and wcap < window:
@@ -789,11 +795,12 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
         launches.append((_dec_cmp, (max(nchs, 1), bh), (
             q, k_cmp, v_cmp, pml, pacc, psc, psp, sync, tr, posa, t, tc, nchs, q.stride(0), q.stride(2),
             k_cmp.stride(0), k_cmp.stride(1), k_cmp.stride(2), v_cmp.stride(0), v_cmp.stride(1), v_cmp.stride(2), nbh,
-            scale), dict(DEVPOS=devpos, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e, D=stride, DK=dk, DV=dv, BDK=bdk,
+            scale * LOG2E), dict(DEVPOS=devpos, HKV=hkv, G=group, BG=bg, CH=ch, R=r, E=e, STRIDE=stride, DK=dk, DV=dv,
+                                 BDK=bdk,
                          BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags, **trace, **tiles.launch("dec"))))
     launches.append((_dec_topn, (1, bh), (pml, psc, psp, s, idx, sync, tr, posa, t, tc, nchs, idx.stride(0),
                                           idx.stride(2), nbh), dict(
-        **loop, **geo, **ext, SEL=sel_block, HKV=hkv, BG=bg, NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count),
+        **loop, **geo, **ext, SEL_BLOCK=sel_block, HKV=hkv, BG=bg, NBK=nbk, SW=sw, N=sel_count, BN=np2(sel_count),
         CB=tiles.dec_cb, **sort_params(sw, sel_count, tiles.dtop_algo, tiles.dtop_cap, tiles.topn_nchunk,
                                        tiles.dtop_sort64),
         ONCE=tiles.dtop_once, PDL=pdl, FLAGS=flags, **trace, **launch_pdl, num_warps=tiles.dtop_warps)))
@@ -801,8 +808,8 @@ def decode_step(q: Tensor, gates: Tensor, k_cmp: Tensor, v_cmp: Tensor, k_sel: T
         q, k_sel, v_sel, k_win, v_win, idx, bml, bacc, wml, wacc, pml, pacc, oc, sync, tr, posa, t, tc, nchs,
         pt, spt, win, wcap, q.stride(0), q.stride(2), ksb, k_sel.stride(1), k_sel.stride(2), vsb, v_sel.stride(1),
         v_sel.stride(2), k_win.stride(0), k_win.stride(1), k_win.stride(2), v_win.stride(0), v_win.stride(1),
-        v_win.stride(2), idx.stride(0), idx.stride(2), len_sel, scale, nbh), dict(
-        **geo, PAGE=ps, WMODE=wmode, HKV=hkv, G=group, BG=bg, N_SEL=sel_count, SEL=sel_block, WB=WIN_BLOCK,
+        v_win.stride(2), idx.stride(0), idx.stride(2), len_sel, scale * LOG2E, nbh), dict(
+        **geo, PAGE=ps, WMODE=wmode, HKV=hkv, G=group, BG=bg, N_SEL=sel_count, SEL_BLOCK=sel_block, WB=WIN_BLOCK,
         NWP=nwp, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=exact, PDL=pdl, FLAGS=flags, **trace, **loop,
         CB=tiles.dec_cb, DVC=dvc, **launch_pdl, **tiles.launch("dblk"))))
     launches.append((_dec_out, (bh, ncol), (

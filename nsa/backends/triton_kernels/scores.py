@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from nsa.backends.triton_kernels.cmp_tile import _cmp_logits, _group_rows
-from nsa.backends.triton_kernels.common import _dot, _softmax_step
+from nsa.backends.triton_kernels.common import _dot, _program_bh, _safe_max, _softmax_step
 
 
 @triton.jit
@@ -56,14 +56,14 @@ def _cmp_lse(Q, KC, VC, Out, LSE,
              sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slh,
              T, Tc, q_start, qk_scale2,
              TC_ALL: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-             BTQ: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
+             BTQ: tl.constexpr, CMP_BLOCK: tl.constexpr, STRIDE: tl.constexpr,
              DK: tl.constexpr, DV: tl.constexpr, BC: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr,
              IEEE: tl.constexpr, DYN_LOOP: tl.constexpr):
     """Compressed attention, one online-softmax pass in log2 units (`qk_scale2` = scale * log2 e),
     + the rows' log-sum-exp (natural log)."""
     M: tl.constexpr = BTQ * GP
     pid_t, b, h, offs_t, row_ok, heads, nvis, max_vis, q = _group_rows(Q, sqb, sqt, sqh, T, Tc, q_start, HKV, G,
-                                                                       GP, BTQ, L, D, DK, BDK)
+                                                                       GP, BTQ, CMP_BLOCK, STRIDE, DK, BDK)
     offs_dv = tl.arange(0, BDV)
     kc_base = b * skb + h * skh
     vc_base = b * svb + h * svh
@@ -72,7 +72,7 @@ def _cmp_lse(Q, KC, VC, Out, LSE,
     acc = tl.zeros([M, BDV], tl.float32)
     # Every valid row sees at least the first query's tokens: tiles below that need no mask.
     t_first = q_start + pid_t * BTQ
-    all_vis = tl.minimum(tl.where(t_first + 1 < L, 0, (t_first + 1 - L) // D + 1), Tc)
+    all_vis = tl.minimum(tl.where(t_first + 1 < CMP_BLOCK, 0, (t_first + 1 - CMP_BLOCK) // STRIDE + 1), Tc)
     if DYN_LOOP:   # GPU: unmasked tiles, then the masked ones (a branch per tile fails to compile)
         full_end = (all_vis // BC) * BC
         for c0 in range(0, full_end, BC):
@@ -89,13 +89,14 @@ def _cmp_lse(Q, KC, VC, Out, LSE,
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     tl.store(Out + b * sob + offs_t[:, None] * sot + heads[:, None] * soh + offs_dv[None, :],
              o.to(Out.dtype.element_ty), mask=row_ok[:, None] & (offs_dv[None, :] < DV))
-    lse = tl.where(empty, float("inf"),
-                   tl.where(m_i == float("-inf"), 0.0, m_i) * 0.6931471805599453 + tl.log(tl.where(empty, 1.0, l_i)))  # ln 2
+    # Stored in natural-log units: the scores kernel, FA-3's path (fa3_cmp.py) and a training
+    # forward's caller (autograd.blocks_from_lse) all hand it over as such.
+    lse = tl.where(empty, float("inf"), _safe_max(m_i) * 0.6931471805599453 + tl.log(tl.where(empty, 1.0, l_i)))  # ln 2
     tl.store(LSE + b * slb + heads * slh + offs_t, lse, mask=row_ok)
 
 
 @triton.jit
-def _block_map(p, ROWS: tl.constexpr, NBK: tl.constexpr, R: tl.constexpr, E: tl.constexpr, D: tl.constexpr,
+def _block_map(p, ROWS: tl.constexpr, NBK: tl.constexpr, R: tl.constexpr, E: tl.constexpr, STRIDE: tl.constexpr,
                GATHER: tl.constexpr = False):
     """The stride map of `p [ROWS, NBK * R]` (probabilities of NBK * R consecutive compressed
     tokens, from a block edge) onto its NBK selection blocks: (tot, nxt), `tot[:, i]` = what block
@@ -105,8 +106,8 @@ def _block_map(p, ROWS: tl.constexpr, NBK: tl.constexpr, R: tl.constexpr, E: tl.
     fp32 add either way)."""
     p3 = tl.reshape(p, [ROWS, NBK, R])
     r = tl.arange(0, R)
-    own = tl.sum(p3 * (D * tl.minimum(R - r, E)).to(tl.float32)[None, None, :], 2)
-    nxt = tl.sum(p3 * (D * tl.maximum(r + E - R, 0)).to(tl.float32)[None, None, :], 2)
+    own = tl.sum(p3 * (STRIDE * tl.minimum(R - r, E)).to(tl.float32)[None, None, :], 2)
+    nxt = tl.sum(p3 * (STRIDE * tl.maximum(r + E - R, 0)).to(tl.float32)[None, None, :], 2)
     i = tl.arange(0, NBK)
     if GATHER:
         prev = tl.gather(nxt, tl.broadcast_to(tl.maximum(i - 1, 0)[None, :], [ROWS, NBK]), 1)
@@ -119,7 +120,7 @@ def _block_map(p, ROWS: tl.constexpr, NBK: tl.constexpr, R: tl.constexpr, E: tl.
 def _cmp_scores(Q, KC, LSE, S, SP,
                 sqb, sqt, sqh, skb, skt, skh, slb, slh, ssb, sst, ssh, spb, spt, sph,
                 T, Tc, NB, q_start, qk_scale2,
-                HKV: tl.constexpr, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr, R: tl.constexpr,
+                HKV: tl.constexpr, G: tl.constexpr, CMP_BLOCK: tl.constexpr, STRIDE: tl.constexpr, R: tl.constexpr,
                 E: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr, BDK: tl.constexpr,
                 IEEE: tl.constexpr, SPILL: tl.constexpr, QT: tl.constexpr = 1,
                 GATHER: tl.constexpr = False):
@@ -136,13 +137,11 @@ def _cmp_scores(Q, KC, LSE, S, SP,
     run; the forced blocks' scores are never read."""
     pid_k = tl.program_id(0)
     pid_q = tl.program_id(1)
-    bh = tl.program_id(2)
-    b = (bh // HKV).to(tl.int64)
-    h = bh % HKV
+    bh, b, h = _program_bh(2, HKV)
     c0 = pid_k * BK
     t0 = pid_q * QT * BQ
     t_last = q_start + tl.minimum(t0 + QT * BQ, T) - 1
-    vis_last = tl.minimum(tl.maximum((t_last + 1 - L) // D + 1, 0), Tc)
+    vis_last = tl.minimum(tl.maximum((t_last + 1 - CMP_BLOCK) // STRIDE + 1, 0), Tc)
     if c0 >= vis_last:        # every tile lies above the causal staircase
         return
     offs_c = c0 + tl.arange(0, BK)
@@ -152,13 +151,14 @@ def _cmp_scores(Q, KC, LSE, S, SP,
     kt = tl.trans(kc)
     for i in range(QT):
         _scores_tile(Q, LSE, S, SP, kt, b, h, pid_k, c0, t0 + i * BQ, sqb, sqt, sqh, slb, slh, ssb, sst, ssh,
-                     spb, spt, sph, T, Tc, NB, q_start, qk_scale2, G, L, D, R, E, BQ, BK, DK, BDK, IEEE, SPILL,
+                     spb, spt, sph, T, Tc, NB, q_start, qk_scale2, G, CMP_BLOCK, STRIDE, R, E, BQ, BK, DK, BDK, IEEE,
+                     SPILL,
                      GATHER)
 
 
 @triton.jit
 def _scores_tile(Q, LSE, S, SP, kt, b, h, pid_k, c0, t0, sqb, sqt, sqh, slb, slh, ssb, sst, ssh, spb, spt, sph,
-                 T, Tc, NB, q_start, qk_scale2, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
+                 T, Tc, NB, q_start, qk_scale2, G: tl.constexpr, CMP_BLOCK: tl.constexpr, STRIDE: tl.constexpr,
                  R: tl.constexpr, E: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr, DK: tl.constexpr,
                  BDK: tl.constexpr, IEEE: tl.constexpr, SPILL: tl.constexpr, GATHER: tl.constexpr):
     """`_cmp_scores` for queries `t0 .. t0 + BQ - 1` against the loaded key tile `kt` (queries
@@ -166,7 +166,7 @@ def _scores_tile(Q, LSE, S, SP, kt, b, h, pid_k, c0, t0, sqb, sqt, sqh, slb, slh
     offs_q = t0 + tl.arange(0, BQ)
     q_ok = offs_q < T
     t_abs = q_start + offs_q
-    nvis = tl.where(t_abs + 1 < L, 0, (t_abs + 1 - L) // D + 1)
+    nvis = tl.where(t_abs + 1 < CMP_BLOCK, 0, (t_abs + 1 - CMP_BLOCK) // STRIDE + 1)
     nvis = tl.minimum(nvis, Tc)
     offs_c = c0 + tl.arange(0, BK)
     offs_dk = tl.arange(0, BDK)
@@ -181,7 +181,7 @@ def _scores_tile(Q, LSE, S, SP, kt, b, h, pid_k, c0, t0, sqb, sqt, sqh, slb, slh
     # Invisible entries (and rows that see nothing: lse = +inf) leave the sum here, by select.
     acc = tl.where((offs_c[None, :] < nvis[:, None]) & q_ok[:, None], acc, 0.0)
     NBK: tl.constexpr = BK // R
-    tot, nxt = _block_map(acc, BQ, NBK, R, E, D, GATHER)
+    tot, nxt = _block_map(acc, BQ, NBK, R, E, STRIDE, GATHER)
     i = tl.arange(0, NBK)
     jb = c0 // R
     offs_j = jb + i

@@ -14,7 +14,15 @@ import triton.language as tl
 from torch import Tensor
 
 from nsa.backends.triton_kernels import common
-from nsa.backends.triton_kernels.common import _dot, _pv, np2, unit_last_stride
+from nsa.backends.triton_kernels.common import (
+    LOG2E,
+    _dot,
+    _merge_weights,
+    _program_bh,
+    _softmax_step,
+    np2,
+    unit_last_stride,
+)
 from nsa.backends.triton_kernels.tiles import Tiles
 
 
@@ -41,23 +49,23 @@ def _gated(o, OC, OW, GT, b, t, heads, offs_g, offs_dv, omask, scb, sct, sch, sw
 def _sel_fwd(Q, K, V, IDX, Out, OC, OW, GT, PART,
              sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sib, sit, sih, sob, sot, soh,
              scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc,
-             T_k, q_start, k_start, scale,
-             HKV: tl.constexpr, G: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
+             T_k, q_start, k_start, qk_scale2,
+             HKV: tl.constexpr, G: tl.constexpr, N_SEL: tl.constexpr, SEL_BLOCK: tl.constexpr,
              DK: tl.constexpr, DV: tl.constexpr, BG: tl.constexpr, BDK: tl.constexpr,
              BDV: tl.constexpr, IEEE: tl.constexpr, GATED: tl.constexpr, PER: tl.constexpr,
              SPLIT: tl.constexpr):
-    """SPLIT > 1 (decode, few rows): program (t, group, split) takes blocks
-    `[split * PER, (split + 1) * PER)` and writes its (m, l, acc) to PART for `_sel_combine`."""
+    """Online softmax in log2 units (`qk_scale2` = scale * log2 e) over the query's selected blocks.
+    SPLIT > 1 (decode, few rows): program (t, group, split) takes blocks
+    `[split * PER, (split + 1) * PER)` and writes its (m, l, acc) (m in log2 units) to PART for
+    `_sel_combine`."""
     t = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh, b, h = _program_bh(1, HKV)
     part = tl.program_id(2)
-    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-    h = bh % HKV
     t_abs = q_start + t
     offs_g = tl.arange(0, BG)
     offs_dk = tl.arange(0, BDK)
     offs_dv = tl.arange(0, BDV)
-    offs_s = tl.arange(0, SEL)
+    offs_s = tl.arange(0, SEL_BLOCK)
     heads = h * G + offs_g
     q = tl.load(Q + b * sqb + t * sqt + heads[:, None] * sqh + offs_dk[None, :],
                 mask=(offs_g[:, None] < G) & (offs_dk[None, :] < DK), other=0.0)
@@ -67,23 +75,16 @@ def _sel_fwd(Q, K, V, IDX, Out, OC, OW, GT, PART,
     for i in range(PER):
         blk = tl.load(IDX + b * sib + t * sit + h * sih + part * PER + i,
                       mask=part * PER + i < N_SEL, other=-1)
-        pos = blk * SEL + offs_s
+        pos = blk * SEL_BLOCK + offs_s
         valid = (blk >= 0) & (pos <= t_abs) & (pos >= k_start) & (pos < k_start + T_k)
         kpos = pos - k_start
         k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
                     mask=valid[:, None] & (offs_dk[None, :] < DK), other=0.0)
         qk = _dot(q, tl.trans(k), IEEE)
-        qk = tl.where(valid[None, :], qk * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(qk - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        qk = tl.where(valid[None, :], qk * qk_scale2, float("-inf"))
         v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
                     mask=valid[:, None] & (offs_dv[None, :] < DV), other=0.0)
-        pv = _pv(p, v, IEEE)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(qk, v, m_i, l_i, acc, IEEE)
     if SPLIT > 1:
         # Partial result of this split: [m, l, acc...] per row, combined by _sel_combine.
         row = ((t * tl.num_programs(1) + bh) * SPLIT + part) * BG + offs_g
@@ -105,24 +106,21 @@ def _sel_fwd(Q, K, V, IDX, Out, OC, OW, GT, PART,
 def _sel_combine(PART, Out, OC, OW, GT, sob, sot, soh, scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc,
                  HKV: tl.constexpr, G: tl.constexpr, DV: tl.constexpr, BG: tl.constexpr, BDV: tl.constexpr,
                  SPLIT: tl.constexpr, GATED: tl.constexpr):
-    """out = sum_s exp(m_s - m) acc_s / sum_s exp(m_s - m) l_s over the splits of `_sel_fwd`
+    """out = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp2(m_s - m), over the splits of `_sel_fwd`
     (then the gated sum, with GATED)."""
     t = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-    h = bh % HKV
+    bh, b, h = _program_bh(1, HKV)
     offs_g = tl.arange(0, BG)
     offs_dv = tl.arange(0, BDV)
     base = (t * tl.num_programs(1) + bh) * SPLIT * BG
     m = tl.full([BG], float("-inf"), tl.float32)
     for s in range(SPLIT):
         m = tl.maximum(m, tl.load(PART + (base + s * BG + offs_g) * (BDV + 2)))
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
     l_tot = tl.zeros([BG], tl.float32)
     acc = tl.zeros([BG, BDV], tl.float32)
     for s in range(SPLIT):
         row = base + s * BG + offs_g
-        w = tl.exp(tl.load(PART + row * (BDV + 2)) - m_safe)
+        w = _merge_weights(tl.load(PART + row * (BDV + 2)), m)
         l_tot += w * tl.load(PART + row * (BDV + 2) + 1)
         acc += w[:, None] * tl.load(PART + row[:, None] * (BDV + 2) + 2 + offs_dv[None, :])
     o = acc / tl.where(l_tot == 0.0, 1.0, l_tot)[:, None]
@@ -159,8 +157,8 @@ def selected(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block: int, sc
         k.stride(2), v.stride(0), v.stride(1), v.stride(2), idx.stride(0), idx.stride(1), idx.stride(2),
         o.stride(0), o.stride(1), o.stride(2), o_cmp.stride(0), o_cmp.stride(1), o_cmp.stride(2),
         o_win.stride(0), o_win.stride(1), o_win.stride(2), gates.stride(0), gates.stride(1), gates.stride(2),
-        gates.stride(3), k.shape[1], q_start, k_start, scale,
-        HKV=hkv, G=group, N_SEL=n_sel, SEL=sel_block, DK=dk, DV=dv, BG=np2(group),
+        gates.stride(3), k.shape[1], q_start, k_start, scale * LOG2E,
+        HKV=hkv, G=group, N_SEL=n_sel, SEL_BLOCK=sel_block, DK=dk, DV=dv, BG=np2(group),
         BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32, GATED=gated is not None, PER=per, SPLIT=split,
         **tiles.launch("sel"))
     if split > 1:

@@ -7,8 +7,8 @@ for each (batch, KV head, key block) the list of (query, slot) entries that sele
 program takes a chunk of one list (up to `Tiles.selb_steps` steps of entries, the next step's
 query rows gathered while one is attended), loads that key block once, and attends the chunk's
 queries x heads to it (rows = entries x heads, causal mask per row), writing each row's
-partial (its output over the block, normalised, and its log-sum-exp) to buffers indexed by the
-entry. A combine kernel then merges the `n` partials of each (query, group), in slot order, and
+partial (its output over the block, normalised, and its log-sum-exp, log2 units like every
+softmax statistic of the kernels: common.py) to buffers indexed by the entry. A combine kernel then merges the `n` partials of each (query, group), in slot order, and
 applies the gated sum.
 
 Forced blocks (`Tiles.selb_forced_min_group`): each query's blocks 0, current and previous, which every
@@ -44,7 +44,16 @@ import triton.language as tl
 from torch import Tensor
 
 from nsa.backends.triton_kernels import common
-from nsa.backends.triton_kernels.common import _dot, _pv, np2
+from nsa.backends.triton_kernels.common import (
+    _dot,
+    _merge_weights,
+    _program_bh,
+    _pv,
+    _safe_max,
+    _softmax_step,
+    _softmax_tile,
+    np2,
+)
 from nsa.backends.triton_kernels.selection import _gated
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 from nsa.selection import is_forced
@@ -53,14 +62,15 @@ from nsa.selection import is_forced
 @triton.jit
 def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, PLIST, OP, LSEP,
               sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
-              Tq, T_k, q_start, k_start, scale, NL, NBK,
-              HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr,
+              Tq, T_k, q_start, k_start, qk_scale2, NL, NBK,
+              HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, N_SEL: tl.constexpr, SEL_BLOCK: tl.constexpr,
               DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, STEPS: tl.constexpr, BDK: tl.constexpr,
               BDV: tl.constexpr, IEEE: tl.constexpr, DYN: tl.constexpr):
     """One chunk of up to STEPS * BQ entries of one (batch, KV head, block) list, BQ entries a
     step, the block's keys/values loaded once -> each row's partial: its output over the block,
-    normalised, at `OP[row]` (the partials' dtype) and its log-sum-exp (natural log, -inf where the
-    row sees no key of the block) at `LSEP[row]`, row = entry * G + head. DYN: the steps stop at
+    normalised, at `OP[row]` (the partials' dtype) and its log-sum-exp (log2 units: logits times
+    `qk_scale2` = scale * log2 e; -inf where the row sees no key of the block) at `LSEP[row]`,
+    row = entry * G + head. DYN: the steps stop at
     the list's end (the interpreter runs all STEPS, masked)."""
     p = tl.program_id(0)
     lo = tl.load(PLIST + p)        # the list whose chunks hold program p (NL: a spare program)
@@ -80,7 +90,7 @@ def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, PLIST, OP, LSEP,
     offs_dk = tl.arange(0, BDK)
     offs_dv = tl.arange(0, BDV)
     heads = h * G + g
-    pos = blk * SEL + tl.arange(0, SEL)
+    pos = blk * SEL_BLOCK + tl.arange(0, SEL_BLOCK)
     kvalid = (pos >= k_start) & (pos < k_start + T_k)
     kpos = pos - k_start
     k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
@@ -97,16 +107,15 @@ def _selb_fwd(Q, K, V, ORDER, LSTART, LCOUNT, CSTART, PLIST, OP, LSEP,
                     mask=ok[:, None] & (offs_dk[None, :] < DK), other=0.0)
         s = _dot(q, kt, IEEE)
         vis = kvalid[None, :] & (pos[None, :] <= (q_start + t)[:, None])
-        s = tl.where(vis, s * scale, float("-inf"))
-        m = tl.max(s, 1)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        pr = tl.exp(s - m_safe[:, None])
+        s = tl.where(vis, s * qk_scale2, float("-inf"))
+        m, pr = _softmax_tile(s)
         l_sum = tl.sum(pr, 1)
         acc = _pv(pr, v, IEEE)
         empty = l_sum == 0.0
         o = acc / tl.where(empty, 1.0, l_sum)[:, None]
         row = e * G + g
-        tl.store(LSEP + row, tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, l_sum))), mask=ok)
+        tl.store(LSEP + row, tl.where(empty, float("-inf"), _safe_max(m) + tl.log2(tl.where(empty, 1.0, l_sum))),
+                 mask=ok)
         tl.store(OP + row[:, None] * DV + offs_dv[None, :], o.to(OP.dtype.element_ty),
                  mask=ok[:, None] & (offs_dv[None, :] < DV))
 
@@ -130,20 +139,18 @@ def _listed(j, cur, FORCED: tl.constexpr):
 @triton.jit
 def _selb_combine(OP, LSEP, FOP, FLSE, IDX, Out, OC, OW, GT, sib, sit, sih, sob, sot, soh,
                   scb, sct, sch, swb, swt, swh, sgb, sgt, sgh, sgc, Tq, q_start,
-                  HKV: tl.constexpr, G: tl.constexpr, N_SEL: tl.constexpr, SEL: tl.constexpr, DV: tl.constexpr,
+                  HKV: tl.constexpr, G: tl.constexpr, N_SEL: tl.constexpr, SEL_BLOCK: tl.constexpr, DV: tl.constexpr,
                   BG: tl.constexpr, BDV: tl.constexpr, GATED: tl.constexpr, FORCED: tl.constexpr):
-    """out = sum_s w_s o_s / sum_s w_s, w_s = exp(lse_s - max lse), over the slots of one
+    """out = sum_s w_s o_s / sum_s w_s, w_s = exp2(lse_s - max lse) (log2 units), over the slots of one
     (query, group) that hold a block (idx >= 0); with FORCED the slots holding the query's forced
     blocks are skipped and the one partial of `_selb_forced_fwd` (FOP, FLSE) takes their place;
     then the gated sum with GATED."""
     t = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)
-    h = bh % HKV
+    bh, b, h = _program_bh(1, HKV)
     offs_g = tl.arange(0, BG)
     offs_dv = tl.arange(0, BDV)
     gmask = offs_g < G
-    cur = (q_start + t) // SEL
+    cur = (q_start + t) // SEL_BLOCK
     base = ((b * Tq + t) * HKV + h) * N_SEL
     frow = ((b * Tq + t) * HKV + h) * G + offs_g
     lse_f = tl.full([BG], float("-inf"), tl.float32)      # the forced blocks' partial (FORCED)
@@ -153,12 +160,11 @@ def _selb_combine(OP, LSEP, FOP, FLSE, IDX, Out, OC, OW, GT, sib, sit, sih, sob,
     for s in tl.static_range(N_SEL):   # pass 1: the largest log-sum-exp of each head
         used = _listed(tl.load(IDX + b * sib + t * sit + h * sih + s), cur, FORCED)
         m = tl.maximum(m, tl.load(LSEP + (base + s) * G + offs_g, mask=gmask & used, other=float("-inf")))
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
     l_tot = tl.zeros([BG], tl.float32)
     acc = tl.zeros([BG, BDV], tl.float32)
     dmask = offs_dv[None, :] < DV
     if FORCED:
-        w = tl.exp(lse_f - m_safe)
+        w = _merge_weights(lse_f, m)
         o_f = tl.load(FOP + frow[:, None] * DV + offs_dv[None, :], mask=gmask[:, None] & dmask, other=0.0)
         l_tot += w
         acc += w[:, None] * o_f.to(tl.float32)
@@ -166,7 +172,7 @@ def _selb_combine(OP, LSEP, FOP, FLSE, IDX, Out, OC, OW, GT, sib, sit, sih, sob,
         used = _listed(tl.load(IDX + b * sib + t * sit + h * sih + s), cur, FORCED)
         row = (base + s) * G + offs_g
         rmask = gmask & used
-        w = tl.exp(tl.load(LSEP + row, mask=rmask, other=float("-inf")) - m_safe)
+        w = _merge_weights(tl.load(LSEP + row, mask=rmask, other=float("-inf")), m)
         o_s = tl.load(OP + row[:, None] * DV + offs_dv[None, :], mask=rmask[:, None] & dmask, other=0.0)
         l_tot += w
         acc += w[:, None] * o_s.to(tl.float32)
@@ -182,49 +188,48 @@ def _selb_combine(OP, LSEP, FOP, FLSE, IDX, Out, OC, OW, GT, sib, sit, sih, sob,
 
 @triton.jit
 def _forced_step(q, K, V, given, j, cur, t_abs, valid, m_i, l_i, acc, b, h, skb, skt, skh, svb, svt, svh,
-                 T_k, k_start, scale2, SEL: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr,
+                 T_k, k_start, qk_scale2, SEL_BLOCK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                 BDK: tl.constexpr,
                  BDV: tl.constexpr, IEEE: tl.constexpr):
     """Block `j` into the rows' online softmax (log2 units) for the rows that have it among their
     forced blocks and in their block list (`given [rows, slots]`, -1 padded), keys `<= t_abs`."""
     member = valid & _is_forced(j, cur) & (tl.sum((given == j).to(tl.int32), 1) > 0)
     offs_dk = tl.arange(0, BDK)
     offs_dv = tl.arange(0, BDV)
-    pos = j * SEL + tl.arange(0, SEL)
+    pos = j * SEL_BLOCK + tl.arange(0, SEL_BLOCK)
     kvalid = (pos >= k_start) & (pos < k_start + T_k)
     kpos = pos - k_start
     k = tl.load(K + b * skb + kpos[:, None] * skt + h * skh + offs_dk[None, :],
                 mask=kvalid[:, None] & (offs_dk[None, :] < DK), other=0.0)
     v = tl.load(V + b * svb + kpos[:, None] * svt + h * svh + offs_dv[None, :],
                 mask=kvalid[:, None] & (offs_dv[None, :] < DV), other=0.0)
-    s = _dot(q, tl.trans(k), IEEE) * scale2
+    s = _dot(q, tl.trans(k), IEEE) * qk_scale2
     vis = member[:, None] & kvalid[None, :] & (pos[None, :] <= t_abs[:, None])
-    return common._softmax_step(tl.where(vis, s, float("-inf")), v, m_i, l_i, acc, IEEE)
+    return _softmax_step(tl.where(vis, s, float("-inf")), v, m_i, l_i, acc, IEEE)
 
 
 @triton.jit
 def _selb_forced_fwd(Q, K, V, IDX, FOP, FLSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sib, sit, sih,
-                     Tq, T_k, q_start, k_start, scale2,
+                     Tq, T_k, q_start, k_start, qk_scale2,
                      HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, N_SEL: tl.constexpr, BN: tl.constexpr,
-                     SEL: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BDK: tl.constexpr,
+                     SEL_BLOCK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BDK: tl.constexpr,
                      BDV: tl.constexpr, IEEE: tl.constexpr):
-    """The forced blocks' partial (`Tiles.selb_forced_min_group`): one program per (BQ <= SEL queries, batch,
+    """The forced blocks' partial (`Tiles.selb_forced_min_group`): one program per (BQ <= SEL_BLOCK queries, batch,
     KV group) attends each row's forced blocks that its list holds (0, the current and the previous
     block: at most 4 blocks for the whole tile, since BQ queries span at most two current blocks),
     each block's keys/values loaded once for the tile, with an online softmax, and writes one
     partial per (query, head) row, as `_selb_fwd` does per entry: the output normalised at
-    `FOP[row]`, the log-sum-exp (natural log, -inf where the row has none of them) at `FLSE[row]`,
+    `FOP[row]`, the log-sum-exp (log2 units, -inf where the row has none of them) at `FLSE[row]`,
     row = ((b * Tq + t) * HKV + h) * G + head. Rows here: query-major, G heads each (padded to GP)."""
     t0 = tl.program_id(0) * BQ
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)
-    h = bh % HKV
+    bh, b, h = _program_bh(1, HKV)
     rows = tl.arange(0, BQ * GP)
     t = (t0 + rows // GP).to(tl.int64)
     g = rows % GP
     valid = (t < Tq) & (g < G)
     heads = h * G + g
     t_abs = q_start + t
-    cur = t_abs // SEL
+    cur = t_abs // SEL_BLOCK
     offs_dk = tl.arange(0, BDK)
     offs_dv = tl.arange(0, BDV)
     q = tl.load(Q + b * sqb + t[:, None] * sqt + heads[:, None] * sqh + offs_dk[None, :],
@@ -236,18 +241,19 @@ def _selb_forced_fwd(Q, K, V, IDX, FOP, FLSE, sqb, sqt, sqh, skb, skt, skh, svb,
     l_i = tl.zeros([BQ * GP], tl.float32)
     acc = tl.zeros([BQ * GP, BDV], tl.float32)
     # The tile's forced blocks, each once: 0, then c_lo - 1 .. c_hi (c_hi <= c_lo + 1), from 1.
-    c_lo = (q_start + t0) // SEL
-    c_hi = (q_start + tl.minimum(t0 + BQ, Tq) - 1) // SEL
+    c_lo = (q_start + t0) // SEL_BLOCK
+    c_hi = (q_start + tl.minimum(t0 + BQ, Tq) - 1) // SEL_BLOCK
     m_i, l_i, acc = _forced_step(q, K, V, given, 0, cur, t_abs, valid, m_i, l_i, acc, b, h, skb, skt, skh,
-                                 svb, svt, svh, T_k, k_start, scale2, SEL, DK, DV, BDK, BDV, IEEE)
+                                 svb, svt, svh, T_k, k_start, qk_scale2, SEL_BLOCK, DK, DV, BDK, BDV, IEEE)
     for i in tl.static_range(3):
         j = c_lo - 1 + i
         if (j >= 1) & (j <= c_hi):
             m_i, l_i, acc = _forced_step(q, K, V, given, j, cur, t_abs, valid, m_i, l_i, acc, b, h, skb, skt,
-                                         skh, svb, svt, svh, T_k, k_start, scale2, SEL, DK, DV, BDK, BDV, IEEE)
+                                         skh, svb, svt, svh, T_k, k_start, qk_scale2, SEL_BLOCK, DK, DV, BDK, BDV,
+                                         IEEE)
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) / common.LOG2E)   # log2 -> natural units
+    lse = tl.where(empty, float("-inf"), m_i + tl.log2(l_safe))
     row = ((b * Tq + t) * HKV + h) * G + g
     tl.store(FLSE + row, lse, mask=valid)
     tl.store(FOP + row[:, None] * DV + offs_dv[None, :], (acc / l_safe[:, None]).to(FOP.dtype.element_ty),
@@ -334,8 +340,8 @@ def _selected_into(o: Tensor, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, s
     _selb_fwd[(grid,)](
         q, k, v, order, lstart, counts, cstart, plist, part_o, part_lse,   # int64 entries: B*T*Hkv*n can pass 2**31
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1),
-        v.stride(2), tq, tk, q_start, k_start, scale, n_lists, nbk,
-        HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, SEL=sel_block, DK=dk, DV=dv, BQ=bq,
+        v.stride(2), tq, tk, q_start, k_start, scale * common.LOG2E, n_lists, nbk,
+        HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, SEL_BLOCK=sel_block, DK=dk, DV=dv, BQ=bq,
         STEPS=tiles.selb_steps, BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32, DYN=not interpreting(),
         **tiles.launch("selb"))
     if forced:
@@ -346,7 +352,7 @@ def _selected_into(o: Tensor, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, s
             q, k, v, idx, f_o, f_lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), idx.stride(0), idx.stride(1), idx.stride(2), tq, tk, q_start,
             k_start, scale * common.LOG2E,
-            HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, BN=np2(n_sel, 1), SEL=sel_block,
+            HKV=hkv, G=group, GP=triton.next_power_of_2(group), N_SEL=n_sel, BN=np2(n_sel, 1), SEL_BLOCK=sel_block,
             DK=dk, DV=dv, BQ=bq_f, BDK=np2(dk), BDV=np2(dv), IEEE=q.dtype == torch.float32,
             num_warps=tiles.selb_forced_warps)
     else:
@@ -355,5 +361,5 @@ def _selected_into(o: Tensor, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, s
         part_o, part_lse, f_o, f_lse, idx, o, o_cmp, o_win, gates, idx.stride(0), idx.stride(1), idx.stride(2),
         o.stride(0), o.stride(1), o.stride(2), o_cmp.stride(0), o_cmp.stride(1), o_cmp.stride(2), o_win.stride(0),
         o_win.stride(1), o_win.stride(2), gates.stride(0), gates.stride(1), gates.stride(2), gates.stride(3), tq,
-        q_start, HKV=hkv, G=group, N_SEL=n_sel, SEL=sel_block, DV=dv, BG=np2(group, 1), BDV=np2(dv),
+        q_start, HKV=hkv, G=group, N_SEL=n_sel, SEL_BLOCK=sel_block, DV=dv, BG=np2(group, 1), BDV=np2(dv),
         GATED=gated is not None, FORCED=forced, num_warps=tiles.sel_warps)

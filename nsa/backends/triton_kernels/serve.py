@@ -49,7 +49,7 @@ def _serve_prologue(P, LEN, POS, PT, COS, SIN, QO, GO, KPOOL, VPOOL, KWIN, VWIN,
                     BHK: tl.constexpr, BHV: tl.constexpr, BG: tl.constexpr,
                     OK_SEL: tl.constexpr, OV_SEL: tl.constexpr, OK_WIN: tl.constexpr, OV_WIN: tl.constexpr,
                     OK_CMP: tl.constexpr, OV_CMP: tl.constexpr, OG: tl.constexpr, NROLE: tl.constexpr,
-                    PAGE: tl.constexpr, W: tl.constexpr, L: tl.constexpr, STRIDE: tl.constexpr, NC: tl.constexpr,
+                    PAGE: tl.constexpr, W: tl.constexpr, CMP_BLOCK: tl.constexpr, STRIDE: tl.constexpr, NC: tl.constexpr,
                     ROPE: tl.constexpr, AVG: tl.constexpr):
     b = tl.program_id(0)
     j = tl.program_id(1)
@@ -76,7 +76,7 @@ def _serve_prologue(P, LEN, POS, PT, COS, SIN, QO, GO, KPOOL, VPOOL, KWIN, VWIN,
                 v1, v2 = _halves(row, OV_SEL + h * DV, COS, SIN, pos, HV, BHV, False)
                 _put(VPOOL + (prow * HKV + h) * DV, v1, v2, HV, BHV)
         elif role == 1:
-            r = (b.to(tl.int64) * L + pos % L) * HKV + h
+            r = (b.to(tl.int64) * CMP_BLOCK + pos % CMP_BLOCK) * HKV + h
             if is_v == 0:
                 k1, k2 = _halves(row, OK_CMP + h * DK, COS, SIN, pos, HK, BHK, ROPE)
                 _put(KRING + r * DK, k1, k2, HK, BHK)
@@ -101,31 +101,31 @@ def _serve_prologue(P, LEN, POS, PT, COS, SIN, QO, GO, KPOOL, VPOOL, KWIN, VWIN,
         w = j - HQ - NW - 1
         is_v = w // HKV
         h = w % HKV
-        start = pos + 1 - L
+        start = pos + 1 - CMP_BLOCK
         n = start // STRIDE
         if (start >= 0) & (start % STRIDE == 0) & (n < NC):
             # The block's mean in fp32 (avg_compress): the new token as the ring will hold it
-            # (rounded to the cache's dtype), plus the L - 1 tokens before it from the ring.
+            # (rounded to the cache's dtype), plus the CMP_BLOCK - 1 tokens before it from the ring.
             if is_v == 0:
                 a1, a2 = _halves(row, OK_CMP + h * DK, COS, SIN, pos, HK, BHK, ROPE)
                 a1 = a1.to(KRING.dtype.element_ty).to(tl.float32)
                 a2 = a2.to(KRING.dtype.element_ty).to(tl.float32)
                 i = tl.arange(0, BHK)
-                for back in range(1, L):
-                    src = KRING + ((b.to(tl.int64) * L + (pos - back) % L) * HKV + h) * DK
+                for back in range(1, CMP_BLOCK):
+                    src = KRING + ((b.to(tl.int64) * CMP_BLOCK + (pos - back) % CMP_BLOCK) * HKV + h) * DK
                     a1 += tl.load(src + i, mask=i < HK, other=0.0).to(tl.float32)
                     a2 += tl.load(src + HK + i, mask=i < HK, other=0.0).to(tl.float32)
-                _put(KCMP + ((b.to(tl.int64) * NC + n) * HKV + h) * DK, a1 / L, a2 / L, HK, BHK)
+                _put(KCMP + ((b.to(tl.int64) * NC + n) * HKV + h) * DK, a1 / CMP_BLOCK, a2 / CMP_BLOCK, HK, BHK)
             else:
                 u1, u2 = _halves(row, OV_CMP + h * DV, COS, SIN, pos, HV, BHV, False)
                 u1 = u1.to(VRING.dtype.element_ty).to(tl.float32)
                 u2 = u2.to(VRING.dtype.element_ty).to(tl.float32)
                 iv = tl.arange(0, BHV)
-                for back in range(1, L):
-                    vsrc = VRING + ((b.to(tl.int64) * L + (pos - back) % L) * HKV + h) * DV
+                for back in range(1, CMP_BLOCK):
+                    vsrc = VRING + ((b.to(tl.int64) * CMP_BLOCK + (pos - back) % CMP_BLOCK) * HKV + h) * DV
                     u1 += tl.load(vsrc + iv, mask=iv < HV, other=0.0).to(tl.float32)
                     u2 += tl.load(vsrc + HV + iv, mask=iv < HV, other=0.0).to(tl.float32)
-                _put(VCMP + ((b.to(tl.int64) * NC + n) * HKV + h) * DV, u1 / L, u2 / L, HV, BHV)
+                _put(VCMP + ((b.to(tl.int64) * NC + n) * HKV + h) * DV, u1 / CMP_BLOCK, u2 / CMP_BLOCK, HV, BHV)
 
 
 def np2(x: int) -> int:

@@ -20,7 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from nsa.backends.triton_kernels import common, fa4_win, selection
-from nsa.backends.triton_kernels.common import LOG2E, _dot, _softmax_step, np2, unit_last_stride
+from nsa.backends.triton_kernels.common import LOG2E, _dot, _program_bh, _softmax_step, np2, unit_last_stride
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 
@@ -61,9 +61,7 @@ def _win_fwd(Q, K, V, Out, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot
     `t_r - window < s <= t_r` and s lies in the given keys `[k_start, k_start + T_k)`."""
     M: tl.constexpr = BTQ * GP
     pid_t = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-    h = bh % HKV
+    bh, b, h = _program_bh(1, HKV)
     rows = tl.arange(0, M)
     offs_t = pid_t * BTQ + rows // GP
     g = rows % GP

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from nsa.backends.triton_kernels.common import np2, pow2
+from nsa.backends.triton_kernels.common import _program_bh, np2, pow2
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 
@@ -207,15 +207,13 @@ def _write_any(out, j, chosen, N: tl.constexpr):
 
 @triton.jit
 def _topn_part(S, CS, CI, ssb, sst, ssh, NB, q_start, NP,
-               HKV: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, CHK: tl.constexpr, BN: tl.constexpr):
+               HKV: tl.constexpr, SEL_BLOCK: tl.constexpr, N: tl.constexpr, CHK: tl.constexpr, BN: tl.constexpr):
     """Stage 1 of the few-rows top-n (decode): the top `N` of one chunk of `CHK` blocks of a row,
     under the same forced/candidate rules, as (score, index) candidates; empty slots -inf."""
     t = tl.program_id(0).to(tl.int64)   # t * score row stride passes 2**31 at 128k, 16 KV heads
-    bh = tl.program_id(1)
+    bh, b, h = _program_bh(1, HKV)
     part = tl.program_id(2)
-    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-    h = bh % HKV
-    cur = (q_start + t) // SEL
+    cur = (q_start + t) // SEL_BLOCK
     j = part * CHK + tl.arange(0, CHK)
     row = S + b * ssb + t * sst + h * ssh
     s = _row_scores(row, row, j, NB, cur, 0)
@@ -237,9 +235,7 @@ def _topn_merge(CS, CI, IDX, sib, sit, sih, NC,
     """Stage 2: the top `N` of a row's `NC` candidates (highest score, ties to the lower block
     index), written ascending with -1 padding, like `_topn`."""
     t = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
-    h = bh % HKV
+    bh, b, h = _program_bh(1, HKV)
     c = tl.arange(0, BC)
     base = (t * tl.num_programs(1) + bh) * NC
     s = tl.load(CS + base + c, mask=c < NC, other=float("-inf"))
@@ -251,14 +247,14 @@ def _topn_merge(CS, CI, IDX, sib, sit, sih, NC,
 
 @triton.jit
 def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_start, t0, n_rows, iters,
-          HKV: tl.constexpr, BH: tl.constexpr, SEL: tl.constexpr, N: tl.constexpr, BNB: tl.constexpr,
+          HKV: tl.constexpr, BH: tl.constexpr, SEL_BLOCK: tl.constexpr, N: tl.constexpr, BNB: tl.constexpr,
           BN: tl.constexpr, ALGO: tl.constexpr, IB: tl.constexpr, K2: tl.constexpr, CW: tl.constexpr,
           CAP: tl.constexpr, NBK: tl.constexpr, SORT64: tl.constexpr, LANES: tl.constexpr,
           ITERS_HOST: tl.constexpr, DYN: tl.constexpr):
     """Rows `pid, pid + P, ...` (`iters` of them at most) of the `n_rows` rows of group scores from
     query `t0` on (row `(t - t0) * BH + bh`), each with at most `BNB` candidates -> their `N`
     blocks: forced block 0, current and previous; then the highest scores among candidates
-    `j <= t // SEL`, ties to the lower index; ascending, -1 pad.
+    `j <= t // SEL_BLOCK`, ties to the lower index; ascending, -1 pad.
     `SCR[pid]`: this program's `CAP` ints of compaction scratch (the filter). `NBK > 0`: `SP`
     holds the scores kernel's key-tile spills (`_row_scores`)."""
     pid = tl.program_id(0)
@@ -271,7 +267,7 @@ def _topn(S, SP, IDX, SCR, ssb, sst, ssh, spb, spt, sph, sib, sit, sih, NB, q_st
             bh = r % BH
             b = (bh // HKV).to(tl.int64)   # b * batch stride can pass 2**31 (B >= 2 at 128k)
             h = bh % HKV
-            cur = (q_start + t) // SEL
+            cur = (q_start + t) // SEL_BLOCK
             row = S + b * ssb + t * sst + h * ssh
             sprow = SP + b * spb + t * spt + h * sph
             s = _full_row_scores(row, sprow, NB, cur, BNB, NBK)
@@ -342,7 +338,7 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
         cs = torch.empty(tq, b * hkv, parts, sel_count, dtype=torch.float32, device=scores.device)
         ci = torch.empty(tq, b * hkv, parts, sel_count, dtype=torch.int32, device=scores.device)
         _topn_part[(tq, b * hkv, parts)](scores, cs, ci, scores.stride(0), scores.stride(1), scores.stride(2), nb,
-                                         q_start, parts, HKV=hkv, SEL=sel_block, N=sel_count, CHK=chk, BN=bn,
+                                         q_start, parts, HKV=hkv, SEL_BLOCK=sel_block, N=sel_count, CHK=chk, BN=bn,
                                          num_warps=1)
         _topn_merge[(tq, b * hkv)](cs, ci, idx, idx.stride(0), idx.stride(1), idx.stride(2), parts * sel_count,
                                    HKV=hkv, N=sel_count, BC=np2(parts * sel_count, 16), BN=bn, num_warps=4)
@@ -363,7 +359,7 @@ def topn(scores: Tensor, q_start: int, *, sel_block: int, sel_count: int, tiles:
         iters, dyn = triton.cdiv(rows, nprog), not interpreting()
         _topn[(nprog,)](scores, sp, idx, scr, scores.stride(0), scores.stride(1), scores.stride(2), sp.stride(0),
                         sp.stride(1), sp.stride(2), idx.stride(0), idx.stride(1), idx.stride(2), nb, q_start, t_lo,
-                        rows, iters, ITERS_HOST=0 if dyn else iters, DYN=dyn, HKV=hkv, BH=b * hkv, SEL=sel_block,
+                        rows, iters, ITERS_HOST=0 if dyn else iters, DYN=dyn, HKV=hkv, BH=b * hkv, SEL_BLOCK=sel_block,
                         N=sel_count, BNB=w, BN=np2(sel_count, 16), NBK=nbk,
                         **sort_params(w, sel_count, tiles.topn_algo, tiles.topn_cap,
                                       tiles.topn_lane_chunks or tiles.topn_nchunk, tiles.topn_sort64,

@@ -40,7 +40,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from nsa.backends.triton_kernels.common import LOG2E, _dot, _pv, _softmax_step, np2, unit_last_stride
+from nsa.backends.triton_kernels.common import (
+    LOG2E,
+    _dot,
+    _program_bh,
+    _pv,
+    _softmax_step,
+    np2,
+    unit_last_stride,
+)
 from nsa.backends.triton_kernels.tiles import Tiles, interpreting
 
 WIN, CMP = 0, 1
@@ -97,12 +105,11 @@ def _band_visible(t_abs, kpos, window, MODE: tl.constexpr):
 
 
 @triton.jit
-def _band_rows(Q, pid_m, bh, sqb, sqt, sqh, Tq, Tk, q_start, koff, kstride, window, G: tl.constexpr,
+def _band_rows(Q, pid_m, sqb, sqt, sqh, Tq, Tk, q_start, koff, kstride, window, G: tl.constexpr,
                HQ: tl.constexpr, MODE: tl.constexpr, BM: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr):
-    """A (query tile, query head) program's rows: batch, heads, query offsets, positions, the
-    queries, and the key range [lo, hi) they can see."""
-    b = (bh // HQ).to(tl.int64)
-    hq = bh % HQ
+    """A (query tile, query head) program's rows (grid: query tiles x B*Hq): batch, heads, query
+    offsets, positions, the queries, and the key range [lo, hi) they can see."""
+    _, b, hq = _program_bh(1, HQ)
     offs_m = pid_m * BM + tl.arange(0, BM)
     row_ok = offs_m < Tq
     q = _tile(Q, b * sqb + offs_m.to(tl.int64) * sqt + hq * sqh, row_ok, BDK, DK)
@@ -130,7 +137,7 @@ def _band_fwd(Q, K, V, Out, LSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, so
               G: tl.constexpr, HQ: tl.constexpr, MODE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr,
               DYN: tl.constexpr):
-    b, hq, hk, offs_m, row_ok, t_abs, q, lo, hi = _band_rows(Q, tl.program_id(0), tl.program_id(1), sqb, sqt, sqh,
+    b, hq, hk, offs_m, row_ok, t_abs, q, lo, hi = _band_rows(Q, tl.program_id(0), sqb, sqt, sqh,
                                                              Tq, Tk, q_start, koff, kstride, window, G, HQ, MODE,
                                                              BM, BDK, DK)
     m_i = tl.full([BM], float("-inf"), tl.float32)
@@ -153,7 +160,7 @@ def _band_dq(Q, K, V, DO, LSE, DELTA, DQ, sqb, sqt, sqh, skb, skt, skh, svb, svt
              DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr,
              DYN: tl.constexpr):
     """dQ of one (query tile, query head); DO and DQ share Q's / O's strides (sob.. for DO, sqb.. for DQ)."""
-    b, hq, hk, offs_m, row_ok, t_abs, q, lo, hi = _band_rows(Q, tl.program_id(0), tl.program_id(1), sqb, sqt, sqh,
+    b, hq, hk, offs_m, row_ok, t_abs, q, lo, hi = _band_rows(Q, tl.program_id(0), sqb, sqt, sqh,
                                                              Tq, Tk, q_start, koff, kstride, window, G, HQ, MODE,
                                                              BM, BDK, DK)
     do = _tile(DO, b * sob + offs_m.to(tl.int64) * sot + hq * soh, row_ok, BDV, DV)
@@ -307,10 +314,10 @@ def _sel_rows(Q, b, i, hk, sqb, sqt, sqh, G: tl.constexpr, RP: tl.constexpr, BDK
 
 @triton.jit
 def _sel_block(K, V, IDX, b, i, hk, s_, t, k_start, Tk, sib, sit, sih, skb, skt, skh, svb, svt, svh,
-               SB: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, DV: tl.constexpr):
+               SEL_BLOCK: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, DV: tl.constexpr):
     """Slot s_ of query i's block list: the block's keys and values `<= t` (none for a -1 slot)."""
     blk = tl.load(IDX + b * sib + i.to(tl.int64) * sit + hk * sih + s_)
-    tok = blk * SB + tl.arange(0, SB)
+    tok = blk * SEL_BLOCK + tl.arange(0, SEL_BLOCK)
     kp = tok - k_start
     valid = (blk >= 0) & (tok <= t) & (kp >= 0) & (kp < Tk)
     rows = kp.to(tl.int64)
@@ -321,20 +328,18 @@ def _sel_block(K, V, IDX, b, i, hk, s_, t, k_start, Tk, sib, sit, sih, skb, skt,
 @triton.jit
 def _sel_fwd(Q, K, V, IDX, Out, LSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, sib, sit, sih,
              slb, slh, Tq, Tk, q_start, k_start, qk_scale2, NSEL: tl.constexpr,
-             G: tl.constexpr, HKV: tl.constexpr, RP: tl.constexpr, SB: tl.constexpr, DK: tl.constexpr,
+             G: tl.constexpr, HKV: tl.constexpr, RP: tl.constexpr, SEL_BLOCK: tl.constexpr, DK: tl.constexpr,
              DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr):
     """One (query, KV group): the group's heads as rows, over the query's blocks."""
     i = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)
-    hk = bh % HKV
+    bh, b, hk = _program_bh(1, HKV)
     heads, ok, q = _sel_rows(Q, b, i, hk, sqb, sqt, sqh, G, RP, BDK, DK)
     m_i = tl.full([RP], float("-inf"), tl.float32)
     l_i = tl.zeros([RP], tl.float32)
     acc = tl.zeros([RP, BDV], tl.float32)
     for s_ in range(0, NSEL):
         valid, k, v = _sel_block(K, V, IDX, b, i, hk, s_, q_start + i, k_start, Tk, sib, sit, sih, skb, skt, skh,
-                                 svb, svt, svh, SB, BDK, DK, BDV, DV)
+                                 svb, svt, svh, SEL_BLOCK, BDK, DK, BDV, DV)
         s = tl.where(valid[None, :], _dot(q, tl.trans(k), IEEE) * qk_scale2, float("-inf"))
         m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc, IEEE)
     o, lse = _finish(acc, m_i, l_i)
@@ -345,12 +350,10 @@ def _sel_fwd(Q, K, V, IDX, Out, LSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh
 @triton.jit
 def _sel_dq(Q, K, V, DO, IDX, LSE, DELTA, DQ, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
             sib, sit, sih, slb, slh, Tq, Tk, q_start, k_start, qk_scale2, scale, NSEL: tl.constexpr,
-            G: tl.constexpr, HKV: tl.constexpr, RP: tl.constexpr, SB: tl.constexpr, DK: tl.constexpr,
+            G: tl.constexpr, HKV: tl.constexpr, RP: tl.constexpr, SEL_BLOCK: tl.constexpr, DK: tl.constexpr,
             DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr):
     i = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)
-    hk = bh % HKV
+    bh, b, hk = _program_bh(1, HKV)
     heads, ok, q = _sel_rows(Q, b, i, hk, sqb, sqt, sqh, G, RP, BDK, DK)
     do = _tile(DO, b * sob + i.to(tl.int64) * sot + heads * soh, ok, BDV, DV)
     lse = tl.load(LSE + b * slb + heads * slh + i, mask=ok, other=float("inf"))
@@ -358,7 +361,7 @@ def _sel_dq(Q, K, V, DO, IDX, LSE, DELTA, DQ, sqb, sqt, sqh, skb, skt, skh, svb,
     dq = tl.zeros([RP, BDK], tl.float32)
     for s_ in range(0, NSEL):
         valid, k, v = _sel_block(K, V, IDX, b, i, hk, s_, q_start + i, k_start, Tk, sib, sit, sih, skb, skt, skh,
-                                 svb, svt, svh, SB, BDK, DK, BDV, DV)
+                                 svb, svt, svh, SEL_BLOCK, BDK, DK, BDV, DV)
         _, ds = _grad_tile(q, k, v, do, lse, delta, valid[None, :], qk_scale2, IEEE)
         dq += _pv(ds, k, IEEE)
     _store_tile(DQ, b * sqb + i.to(tl.int64) * sqt + heads * sqh, ok, dq * scale, BDK, DK)
@@ -386,10 +389,10 @@ def _selp_rows(Q, IDX, b, c, hk, Tq, sqb, sqt, sqh, sib, sit, sih, NSEL: tl.cons
 
 @triton.jit
 def _selp_block(K, V, U, urow, s_, i, lists, q_start, k_start, Tk, skb, skt, skh, svb, svt, svh, b, hk,
-                SB: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, DV: tl.constexpr):
+                SEL_BLOCK: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr, BDV: tl.constexpr, DV: tl.constexpr):
     """Union slot s_: the block's keys and values, and which (row, key) pairs see them."""
     blk = tl.load(U + urow + s_)
-    tok = blk * SB + tl.arange(0, SB)
+    tok = blk * SEL_BLOCK + tl.arange(0, SEL_BLOCK)
     kp = tok - k_start
     in_k = (blk >= 0) & (kp >= 0) & (kp < Tk)
     rows = kp.to(tl.int64)
@@ -402,20 +405,20 @@ def _selp_block(K, V, U, urow, s_, i, lists, q_start, k_start, Tk, skb, skt, skh
 
 @triton.jit
 def _selp_fwd_step(K, V, U, urow, s_, i, lists, q, m_i, l_i, acc, q_start, k_start, Tk, skb, skt, skh, svb, svt,
-                   svh, b, hk, qk_scale2, SB: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr,
+                   svh, b, hk, qk_scale2, SEL_BLOCK: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr,
                    BDV: tl.constexpr, DV: tl.constexpr, IEEE: tl.constexpr):
     vis, k, v = _selp_block(K, V, U, urow, s_, i, lists, q_start, k_start, Tk, skb, skt, skh, svb, svt, svh,
-                            b, hk, SB, BDK, DK, BDV, DV)
+                            b, hk, SEL_BLOCK, BDK, DK, BDV, DV)
     s = tl.where(vis, _dot(q, tl.trans(k), IEEE) * qk_scale2, float("-inf"))
     return _softmax_step(s, v, m_i, l_i, acc, IEEE)
 
 
 @triton.jit
 def _selp_dq_step(K, V, U, urow, s_, i, lists, q, do, lse, delta, dq, q_start, k_start, Tk, skb, skt, skh, svb, svt,
-                  svh, b, hk, qk_scale2, SB: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr,
+                  svh, b, hk, qk_scale2, SEL_BLOCK: tl.constexpr, BDK: tl.constexpr, DK: tl.constexpr,
                   BDV: tl.constexpr, DV: tl.constexpr, IEEE: tl.constexpr):
     vis, k, v = _selp_block(K, V, U, urow, s_, i, lists, q_start, k_start, Tk, skb, skt, skh, svb, svt, svh,
-                            b, hk, SB, BDK, DK, BDV, DV)
+                            b, hk, SEL_BLOCK, BDK, DK, BDV, DV)
     _, ds = _grad_tile(q, k, v, do, lse, delta, vis, qk_scale2, IEEE)
     return dq + _pv(ds, k, IEEE)
 
@@ -424,13 +427,11 @@ def _selp_dq_step(K, V, U, urow, s_, i, lists, q, do, lse, delta, dq, q_start, k
 def _selp_fwd(Q, K, V, IDX, U, CNT, Out, LSE, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
               sib, sit, sih, slb, slh, Tq, Tk, q_start, k_start, qk_scale2, C, NU_HOST: tl.constexpr,
               NSEL: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HKV: tl.constexpr, RP: tl.constexpr,
-              NP: tl.constexpr, NU: tl.constexpr, SB: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+              NP: tl.constexpr, NU: tl.constexpr, SEL_BLOCK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
               BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, DYN: tl.constexpr):
     """QP queries x the group's heads as rows, over the union of the queries' blocks."""
     c = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)
-    hk = bh % HKV
+    bh, b, hk = _program_bh(1, HKV)
     i, heads, ok, q, lists = _selp_rows(Q, IDX, b, c, hk, Tq, sqb, sqt, sqh, sib, sit, sih, NSEL, G, GP, RP, NP,
                                         BDK, DK)
     urow = (bh.to(tl.int64) * C + c) * NU
@@ -440,11 +441,11 @@ def _selp_fwd(Q, K, V, IDX, U, CNT, Out, LSE, sqb, sqt, sqh, skb, skt, skh, svb,
     if DYN:
         for s_ in range(0, tl.load(CNT + bh * C + c)):
             m_i, l_i, acc = _selp_fwd_step(K, V, U, urow, s_, i, lists, q, m_i, l_i, acc, q_start, k_start, Tk,
-                                           skb, skt, skh, svb, svt, svh, b, hk, qk_scale2, SB, BDK, DK, BDV, DV, IEEE)
+                                           skb, skt, skh, svb, svt, svh, b, hk, qk_scale2, SEL_BLOCK, BDK, DK, BDV, DV, IEEE)
     else:   # the interpreter takes host-int loop bounds only
         for s_ in range(0, NU_HOST):
             m_i, l_i, acc = _selp_fwd_step(K, V, U, urow, s_, i, lists, q, m_i, l_i, acc, q_start, k_start, Tk,
-                                           skb, skt, skh, svb, svt, svh, b, hk, qk_scale2, SB, BDK, DK, BDV, DV, IEEE)
+                                           skb, skt, skh, svb, svt, svh, b, hk, qk_scale2, SEL_BLOCK, BDK, DK, BDV, DV, IEEE)
     o, lse = _finish(acc, m_i, l_i)
     _store_tile(Out, b * sob + i.to(tl.int64) * sot + heads * soh, ok, o, BDV, DV)
     tl.store(LSE + b * slb + heads * slh + i, lse, mask=ok)
@@ -454,12 +455,10 @@ def _selp_fwd(Q, K, V, IDX, U, CNT, Out, LSE, sqb, sqt, sqh, skb, skt, skh, svb,
 def _selp_dq(Q, K, V, DO, IDX, U, CNT, LSE, DELTA, DQ, sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh,
              sib, sit, sih, slb, slh, Tq, Tk, q_start, k_start, qk_scale2, scale, C, NU_HOST: tl.constexpr,
              NSEL: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, HKV: tl.constexpr, RP: tl.constexpr,
-             NP: tl.constexpr, NU: tl.constexpr, SB: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+             NP: tl.constexpr, NU: tl.constexpr, SEL_BLOCK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
              BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr, DYN: tl.constexpr):
     c = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)
-    hk = bh % HKV
+    bh, b, hk = _program_bh(1, HKV)
     i, heads, ok, q, lists = _selp_rows(Q, IDX, b, c, hk, Tq, sqb, sqt, sqh, sib, sit, sih, NSEL, G, GP, RP, NP,
                                         BDK, DK)
     do = _tile(DO, b * sob + i.to(tl.int64) * sot + heads * soh, ok, BDV, DV)
@@ -470,11 +469,11 @@ def _selp_dq(Q, K, V, DO, IDX, U, CNT, LSE, DELTA, DQ, sqb, sqt, sqh, skb, skt, 
     if DYN:
         for s_ in range(0, tl.load(CNT + bh * C + c)):
             dq = _selp_dq_step(K, V, U, urow, s_, i, lists, q, do, lse, delta, dq, q_start, k_start, Tk,
-                               skb, skt, skh, svb, svt, svh, b, hk, qk_scale2, SB, BDK, DK, BDV, DV, IEEE)
+                               skb, skt, skh, svb, svt, svh, b, hk, qk_scale2, SEL_BLOCK, BDK, DK, BDV, DV, IEEE)
     else:   # the interpreter takes host-int loop bounds only
         for s_ in range(0, NU_HOST):
             dq = _selp_dq_step(K, V, U, urow, s_, i, lists, q, do, lse, delta, dq, q_start, k_start, Tk,
-                               skb, skt, skh, svb, svt, svh, b, hk, qk_scale2, SB, BDK, DK, BDV, DV, IEEE)
+                               skb, skt, skh, svb, svt, svh, b, hk, qk_scale2, SEL_BLOCK, BDK, DK, BDV, DV, IEEE)
     _store_tile(DQ, b * sqb + i.to(tl.int64) * sqt + heads * sqh, ok, dq * scale, BDK, DK)
 
 
@@ -497,7 +496,7 @@ def _sel_dkdv_step(Q, DO, LSE, DELTA, QLIST, b, bh, hk, e0, e_hi, k, v, tok, in_
     lse = tl.load(LSE + b * slb + heads * slh + qi, mask=ok, other=float("inf"))
     delta = tl.load(DELTA + b * slb + heads * slh + qi, mask=ok, other=0.0)
     vis = ok[:, None] & in_k[None, :] & (tok[None, :] <= (q_start + qi)[:, None])
-    p, ds = _grad_tile(q, k, v, do, lse, delta, vis, qk_scale2, IEEE)   # [M, SB]
+    p, ds = _grad_tile(q, k, v, do, lse, delta, vis, qk_scale2, IEEE)   # [M, SEL_BLOCK]
     return dk + _pv(tl.trans(ds), q, IEEE), dv + _pv(tl.trans(p), do, IEEE)
 
 
@@ -505,7 +504,7 @@ def _sel_dkdv_step(Q, DO, LSE, DELTA, QLIST, b, bh, hk, e0, e_hi, k, v, tok, in_
 def _sel_dkdv_part(Q, K, V, DO, LSE, DELTA, QLIST, OFF, ITEM_BLK, ITEM_OFF, PK, PV,
                    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sob, sot, soh, slb, slh,
                    Tq, Tk, q_start, k_start, qk_scale2, NB, W, NL, CH, NSTEP_HOST: tl.constexpr,
-                   G: tl.constexpr, HKV: tl.constexpr, GP: tl.constexpr, BQ: tl.constexpr, SB: tl.constexpr,
+                   G: tl.constexpr, HKV: tl.constexpr, GP: tl.constexpr, BQ: tl.constexpr, SEL_BLOCK: tl.constexpr,
                    DK: tl.constexpr, DV: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, IEEE: tl.constexpr,
                    DYN: tl.constexpr):
     """Work item `w` of (batch, KV group) `bh`: at most CH queries of one block's list -> fp32
@@ -521,13 +520,13 @@ def _sel_dkdv_part(Q, K, V, DO, LSE, DELTA, QLIST, OFF, ITEM_BLK, ITEM_OFF, PK, 
         c = w - tl.load(ITEM_OFF + bh * (NB + 1) + blk)
         e_lo = first + c * CH
         e_hi = tl.minimum(end, e_lo + CH)
-        tok = blk * SB + tl.arange(0, SB)
+        tok = blk * SEL_BLOCK + tl.arange(0, SEL_BLOCK)
         kp = tok - k_start
         in_k = (kp >= 0) & (kp < Tk)
         k = _tile(K, b * skb + kp.to(tl.int64) * skt + hk * skh, in_k, BDK, DK)
         v = _tile(V, b * svb + kp.to(tl.int64) * svt + hk * svh, in_k, BDV, DV)
-        dk = tl.zeros([SB, BDK], tl.float32)
-        dv = tl.zeros([SB, BDV], tl.float32)
+        dk = tl.zeros([SEL_BLOCK, BDK], tl.float32)
+        dv = tl.zeros([SEL_BLOCK, BDV], tl.float32)
         if DYN:
             for e0 in range(e_lo, e_hi, BQ):
                 dk, dv = _sel_dkdv_step(Q, DO, LSE, DELTA, QLIST, b, bh, hk, e0, e_hi, k, v, tok, in_k, dk, dv,
@@ -538,15 +537,15 @@ def _sel_dkdv_part(Q, K, V, DO, LSE, DELTA, QLIST, OFF, ITEM_BLK, ITEM_OFF, PK, 
                 dk, dv = _sel_dkdv_step(Q, DO, LSE, DELTA, QLIST, b, bh, hk, e_lo + st * BQ, e_hi, k, v, tok, in_k,
                                         dk, dv, sqb, sqt, sqh, sob, sot, soh, slb, slh, q_start, qk_scale2, NL,
                                         G, GP, BQ, DK, DV, BDK, BDV, IEEE)
-        rows = (bh.to(tl.int64) * W + w) * SB + tl.arange(0, SB)
+        rows = (bh.to(tl.int64) * W + w) * SEL_BLOCK + tl.arange(0, SEL_BLOCK)
         tl.store(PK + rows[:, None] * BDK + tl.arange(0, BDK)[None, :], dk)
         tl.store(PV + rows[:, None] * BDV + tl.arange(0, BDV)[None, :], dv)
 
 
 @triton.jit
-def _sel_sum_step(PK, PV, bh, w, hi, W, dk, dv, SB: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr):
+def _sel_sum_step(PK, PV, bh, w, hi, W, dk, dv, SEL_BLOCK: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr):
     use = w < hi
-    rows = (bh.to(tl.int64) * W + w) * SB + tl.arange(0, SB)
+    rows = (bh.to(tl.int64) * W + w) * SEL_BLOCK + tl.arange(0, SEL_BLOCK)
     dk += tl.load(PK + rows[:, None] * BDK + tl.arange(0, BDK)[None, :], mask=use, other=0.0)
     dv += tl.load(PV + rows[:, None] * BDV + tl.arange(0, BDV)[None, :], mask=use, other=0.0)
     return dk, dv
@@ -554,24 +553,22 @@ def _sel_sum_step(PK, PV, bh, w, hi, W, dk, dv, SB: tl.constexpr, BDK: tl.conste
 
 @triton.jit
 def _sel_dkdv_sum(PK, PV, ITEM_OFF, DK_, DV_, skb, skt, skh, svb, svt, svh, Tk, k_start, scale, NB, W,
-                  NIT_HOST: tl.constexpr, HKV: tl.constexpr, SB: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                  NIT_HOST: tl.constexpr, HKV: tl.constexpr, SEL_BLOCK: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                   BDK: tl.constexpr, BDV: tl.constexpr, DYN: tl.constexpr):
     """dK/dV of block `blk` of (batch, KV group) `bh`: its work items' partials summed in order."""
     blk = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // HKV).to(tl.int64)
-    hk = bh % HKV
+    bh, b, hk = _program_bh(1, HKV)
     lo = tl.load(ITEM_OFF + bh * (NB + 1) + blk)
     hi = tl.load(ITEM_OFF + bh * (NB + 1) + blk + 1)
-    dk = tl.zeros([SB, BDK], tl.float32)
-    dv = tl.zeros([SB, BDV], tl.float32)
+    dk = tl.zeros([SEL_BLOCK, BDK], tl.float32)
+    dv = tl.zeros([SEL_BLOCK, BDV], tl.float32)
     if DYN:
         for w in range(lo, hi):
-            dk, dv = _sel_sum_step(PK, PV, bh, w, hi, W, dk, dv, SB, BDK, BDV)
+            dk, dv = _sel_sum_step(PK, PV, bh, w, hi, W, dk, dv, SEL_BLOCK, BDK, BDV)
     else:   # the interpreter takes host-int loop bounds only
         for j in range(0, NIT_HOST):
-            dk, dv = _sel_sum_step(PK, PV, bh, lo + j, hi, W, dk, dv, SB, BDK, BDV)
-    kp = blk * SB + tl.arange(0, SB) - k_start
+            dk, dv = _sel_sum_step(PK, PV, bh, lo + j, hi, W, dk, dv, SEL_BLOCK, BDK, BDV)
+    kp = blk * SEL_BLOCK + tl.arange(0, SEL_BLOCK) - k_start
     in_k = (kp >= 0) & (kp < Tk)
     _store_tile(DK_, b * skb + kp.to(tl.int64) * skt + hk * skh, in_k, dk * scale, BDK, DK)
     _store_tile(DV_, b * svb + kp.to(tl.int64) * svt + hk * svh, in_k, dv, BDV, DV)
@@ -631,12 +628,12 @@ def selected_forward(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, *, sel_block:
     if _queries_per_program(group) > 1:
         c, u, cnt, meta = _selp_args(q, idx, group)
         _selp_fwd[(c, b * hkv)](q, k, v, idx, u, cnt, o, lse, *strides, tq, tk, q_start, k_start, scale * LOG2E, c,
-                                HKV=hkv, SB=sel_block, DK=dk, DV=dv, BDK=np2(dk), BDV=np2(dv),
+                                HKV=hkv, SEL_BLOCK=sel_block, DK=dk, DV=dv, BDK=np2(dk), BDV=np2(dv),
                                 IEEE=q.dtype == torch.float32, **meta, **tiles.launch("trnsel"))
         return o, lse
     _sel_fwd[(tq, b * hkv)](
         q, k, v, idx, o, lse, *strides, tq, tk, q_start, k_start, scale * LOG2E, idx.shape[-1],
-        G=group, HKV=hkv, RP=_sel_rows_pad(group), SB=sel_block, DK=dk, DV=dv, BDK=np2(dk), BDV=np2(dv),
+        G=group, HKV=hkv, RP=_sel_rows_pad(group), SEL_BLOCK=sel_block, DK=dk, DV=dv, BDK=np2(dk), BDV=np2(dv),
         IEEE=q.dtype == torch.float32, **tiles.launch("trnsel"))
     return o, lse
 
@@ -686,13 +683,13 @@ def selected_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, 
         _selp_dq[(c, b * hkv)](
             q, k, v, do, idx, u, cnt, lse, delta, dq, *strides, idx.stride(0), idx.stride(1), idx.stride(2),
             lse.stride(0), lse.stride(1), tq, tk, q_start, k_start, scale * LOG2E, scale, c,
-            HKV=hkv, SB=sel_block, DK=dk, DV=dv, BDK=np2(dk), BDV=np2(dv), IEEE=ieee, **meta,
+            HKV=hkv, SEL_BLOCK=sel_block, DK=dk, DV=dv, BDK=np2(dk), BDV=np2(dv), IEEE=ieee, **meta,
             **tiles.launch("trnsel"))
     else:
         _sel_dq[(tq, b * hkv)](
             q, k, v, do, idx, lse, delta, dq, *strides, idx.stride(0), idx.stride(1), idx.stride(2), lse.stride(0),
             lse.stride(1), tq, tk, q_start, k_start, scale * LOG2E, scale, idx.shape[-1],
-            G=group, HKV=hkv, RP=_sel_rows_pad(group), SB=sel_block, DK=dk, DV=dv, BDK=np2(dk), BDV=np2(dv),
+            G=group, HKV=hkv, RP=_sel_rows_pad(group), SEL_BLOCK=sel_block, DK=dk, DV=dv, BDK=np2(dk), BDV=np2(dv),
             IEEE=ieee, **tiles.launch("trnsel"))
     n_blocks = (k_start + tk + sel_block - 1) // sel_block
     chunk = tiles.trn_sel_chunk
@@ -707,10 +704,10 @@ def selected_backward(do: Tensor, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, 
         q, k, v, do, lse, delta, qlist, off, item_blk, item_off, pk, pv, *strides, lse.stride(0), lse.stride(1),
         tq, tk, q_start, k_start, scale * LOG2E, n_blocks, w, qlist.shape[1], chunk,
         0 if dyn else triton.cdiv(chunk, bq),
-        G=group, HKV=hkv, GP=gp, BQ=bq, SB=sel_block, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=ieee, DYN=dyn,
+        G=group, HKV=hkv, GP=gp, BQ=bq, SEL_BLOCK=sel_block, DK=dk, DV=dv, BDK=bdk, BDV=bdv, IEEE=ieee, DYN=dyn,
         **tiles.launch("trn"))
     _sel_dkdv_sum[(n_blocks, b * hkv)](
         pk, pv, item_off, dk_, dv_, k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         tk, k_start, scale, n_blocks, w, 0 if dyn else triton.cdiv(tq, chunk) + 1,
-        HKV=hkv, SB=sel_block, DK=dk, DV=dv, BDK=bdk, BDV=bdv, DYN=dyn, num_warps=4)
+        HKV=hkv, SEL_BLOCK=sel_block, DK=dk, DV=dv, BDK=bdk, BDV=bdv, DYN=dyn, num_warps=4)
     return dq, dk_, dv_
