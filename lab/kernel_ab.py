@@ -10,7 +10,7 @@ with `PYTHONPATH` naming the tree's `nsa` first, alternating trees, then compare
 Cells (bf16, the paper's layout 64/4 heads, D 128, l 32, d 16, l' 64, n 16, w 512), every branch
 on the triton backend: the layer's prefill forward (no grad) at T = 8k and 64k, a training step
 (forward and backward) at 8k and 32k, and the fused decode step (`triton_nsa.decode_step`, the
-four kernels) at B = 8, t = 64k - 1 and B = 1, t = 8k - 1 on random caches. Each cell's time is
+four kernels, replayed from a CUDA graph) at B = 8, t = 64k - 1 and B = 1, t = 8k - 1 on random caches. Each cell's time is
 `triton.testing.do_bench`'s median (L2 flushed before each call); `compare` takes, per tree and
 cell, the least of the runs' medians (drift between processes only slows a run) and prints
 after / before.
@@ -65,7 +65,13 @@ def cells():
         def dec(q=q, gates=gates, kc=kc, vc=vc, ks=ks, vs=vs, kw=kw, vw=vw, t=t, counts=counts):
             return triton_nsa.decode_step(q, gates, kc, vc, ks, vs, kw, vw, t=t, block=32, stride=16, sel_block=64,
                                           sel_count=16, window=512, scale=cfg.softmax_scale, counts=counts)
-        yield f"decode_B{b}_t{t}", dec
+        # From a CUDA graph: the kernels' GPU time, not the host's launches.
+        dec()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            dec()
+        yield f"decode_B{b}_t{t}", graph.replay
 
 
 def run(label: str, path: str) -> None:
