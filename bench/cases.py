@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nsa_contract import keys
 from nsa_contract.results import case_id
 
 SIZES = ("smoke", "nightly", "full")
@@ -38,6 +39,20 @@ class Variant:
     def key(self) -> str:
         """Unique within a cell: the backend plus the extra params, e.g. `sdpa` or `sdpa:replica=A`."""
         return self.backend + "".join(f":{k}={v}" for k, v in self.extra)
+
+
+def key_variants(suite: str, op: str, *, baseline: str = "sdpa", extra: Iterable[Variant] = ()) -> tuple[Variant, ...]:
+    """The variants of a suite's `op` cells: the baseline, then one candidate per backend of the
+    decision keys this suite decides for this op (nsa_contract.keys, in their order), then `extra`
+    (candidates timed for the report that no key names yet). A key declared for a backend adds
+    its candidate to its suite's cells by itself: a new backend for `auto` is its module, its
+    `_TABLE` line, its key and its value in configs/base.yaml (DESIGN.md)."""
+    out = [Variant(baseline, "baseline")]
+    for backend in dict.fromkeys(k.backend for k in keys.KEYS if k.suite == suite and k.op == op):
+        out.append(Variant(backend))
+    seen = {v.key for v in out}
+    out.extend(v for v in extra if v.key not in seen)
+    return tuple(out)
 
 
 @dataclass(frozen=True)

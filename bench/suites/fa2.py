@@ -10,10 +10,13 @@ is swept at every length; other windows and (l, d) at fewer lengths, for the rep
 
 from __future__ import annotations
 
-from bench.cases import CaseSpec, Cell, Variant, Workload, product
+from bench.cases import CaseSpec, Cell, Variant, Workload, key_variants, product
 
-VARIANTS = (Variant("sdpa", "baseline"), Variant("fa2"), Variant("flex"))
-NO_FLEX = VARIANTS[:2]
+# The candidates are the fa2 keys' backends (nsa_contract.keys); FlexAttention is timed beside them
+# for the report on the model's layout only (no key decides it).
+FLEX = Variant("flex")
+WIN, WIN_NO_FLEX = key_variants("fa2", "sliding", extra=(FLEX,)), key_variants("fa2", "sliding")
+CMP, CMP_NO_FLEX = key_variants("fa2", "compressed", extra=(FLEX,)), key_variants("fa2", "compressed")
 
 # Head layouts (B, Hq, Hkv, D): the spec's measurement layout with GQA, a wide MHA one, a batch.
 GQA64 = {"B": 1, "Hq": 8, "Hkv": 2, "Dk": 64, "Dv": 64}
@@ -41,12 +44,12 @@ def _with(layouts, extra):
 # Flex compiles one kernel per new shape (seconds each on a cold cache), so the nightly sweep runs
 # it on one layout at the model's configuration only; FA-2 and SDPA run everywhere.
 SPECS = (
-    CaseSpec("sliding", VARIANTS, {
+    CaseSpec("sliding", WIN, {
         "smoke": product(layout=(SMOKE,), T=(200, 1000), window=(512,), dtype=BF16),
         "nightly": product(layout=(GQA64,), T=NIGHTLY_T, window=(512,), dtype=BF16),
         "full": product(layout=(GQA64, MHA128), T=FULL_T, window=(512,), dtype=BF16),
     }),
-    CaseSpec("sliding", NO_FLEX, {
+    CaseSpec("sliding", WIN_NO_FLEX, {
         "nightly": (product(layout=(MHA128, BATCH4, G2, G8, G16), T=NIGHTLY_T, window=(512,), dtype=BF16)
                     + product(layout=(GQA64,), T=(1024, 4096, 16384), window=(128, 1024), dtype=BF16)),
         "full": (product(layout=(PAPER,), T=FULL_T, window=(512,), dtype=BF16)
@@ -55,12 +58,12 @@ SPECS = (
                  + product(layout=(GQA64, MHA128), T=(1024, 4096, 16384, 65536),
                            window=(64, 128, 256, 1024, 2048, 4096), dtype=BF16)),
     }),
-    CaseSpec("compressed", VARIANTS, {
+    CaseSpec("compressed", CMP, {
         "smoke": product(layout=_with((SMOKE,), CMP_DEFAULT), T=(200, 1000), dtype=BF16),
         "nightly": product(layout=_with((GQA64,), CMP_DEFAULT), T=NIGHTLY_T, dtype=BF16),
         "full": product(layout=_with((GQA64, MHA128), CMP_DEFAULT), T=FULL_T, dtype=BF16),
     }),
-    CaseSpec("compressed", NO_FLEX, {
+    CaseSpec("compressed", CMP_NO_FLEX, {
         "nightly": (product(layout=_with((MHA128, BATCH4), CMP_DEFAULT), T=NIGHTLY_T, dtype=BF16)
                     + product(layout=tuple({**GQA64, **ld} for ld in CMP_OTHER), T=(1024, 4096, 16384),
                               dtype=BF16)),

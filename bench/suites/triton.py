@@ -23,10 +23,11 @@ H100 (an estimate from the H200 timings in results/h200, not a measurement of th
 
 from __future__ import annotations
 
-from bench.cases import CaseSpec, Cell, Variant, Workload, product
+from bench.cases import CaseSpec, Cell, Workload, key_variants, product
 from bench.suites.fa2 import BATCH4, BF16, FULL_T, G2, G8, G16, GQA64, MHA128, NIGHTLY_T, PAPER
 
-VARIANTS = (Variant("sdpa", "baseline"), Variant("triton"))
+# The candidates are the triton keys' backends, per op (nsa_contract.keys).
+VARIANTS = {op: key_variants("triton", op) for op in ("selected", "compressed", "sliding")}
 CMP_PAPER = {"block": 32, "stride": 16}
 SEL_PAPER = {**CMP_PAPER, "sel_block": 64, "sel_count": 16}
 # One KV head (the whole group in one program) and small blocks keep the interpreter quick.
@@ -75,9 +76,9 @@ def _branch_grid(smoke: dict, paper: dict) -> dict[str, tuple]:
 
 
 SPECS = (
-    CaseSpec("selected", VARIANTS, _branch_grid(SEL_SMOKE, SEL_PAPER)),
-    CaseSpec("compressed", VARIANTS, _grid(CMP_SMOKE, CMP_PAPER)),
-    CaseSpec("sliding", VARIANTS, _grid({"window": 32}, WIN_PAPER)),
+    CaseSpec("selected", VARIANTS["selected"], _branch_grid(SEL_SMOKE, SEL_PAPER)),
+    CaseSpec("compressed", VARIANTS["compressed"], _grid(CMP_SMOKE, CMP_PAPER)),
+    CaseSpec("sliding", VARIANTS["sliding"], _grid({"window": 32}, WIN_PAPER)),
 )
 
 

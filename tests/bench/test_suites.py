@@ -7,7 +7,7 @@ import csv
 import pytest
 
 from bench import runner, suites
-from bench.cases import SIZES, Cell
+from bench.cases import SIZES, Cell, Variant
 from bench.suites import decode
 from bench.timing import Timer
 from nsa_contract import results
@@ -53,8 +53,8 @@ def test_backend_filter_keeps_only_requested_variants():
 
 
 def test_fa2_suite_parity_checks_then_times_and_skips_what_cannot_run():
-    cells = [Cell("fa2", "sliding", {**SMALL, "T": 77, "window": 16}, suites.load("fa2").VARIANTS),
-             Cell("fa2", "compressed", {**SMALL, "T": 77, "block": 16, "stride": 8}, suites.load("fa2").VARIANTS)]
+    cells = [Cell("fa2", "sliding", {**SMALL, "T": 77, "window": 16}, suites.load("fa2").WIN),
+             Cell("fa2", "compressed", {**SMALL, "T": 77, "block": 16, "stride": 8}, suites.load("fa2").CMP)]
     cases = _run(cells)
     by = {(c["op"], c["requested_backend"]): c for c in cases}
     for op in ("sliding", "compressed"):
@@ -135,3 +135,16 @@ def test_expected_reads_reach_the_paper_budget_at_long_lengths():
     p = {"block": 32, "stride": 16, "sel_block": 64, "sel_count": 16, "window": 512}
     e = decode.expected_reads(65536, p)
     assert e == {"cmp": (65536 - 32) // 16 + 1, "sel": 16 * 64, "win": 512}
+
+
+def test_a_declared_key_adds_its_candidate_to_its_suite(monkeypatch):
+    """A suite's candidates come from the decision keys (bench.cases.key_variants): a key declared
+    for a new backend in the fa2 suite's sliding branch joins those cells, and no other op's."""
+    from bench.cases import key_variants
+    from nsa_contract import keys
+
+    extra = keys.DecisionKey("foo_min_len_win", "win", "fa2", "foo", ("foo",), "fa2", "foo_win", keys.NIGHTLY_T)
+    monkeypatch.setattr(keys, "KEYS", (*keys.KEYS, extra))
+    assert [v.key for v in key_variants("fa2", "sliding", extra=(Variant("flex"),))] == ["sdpa", "fa2", "foo", "flex"]
+    assert [v.key for v in key_variants("fa2", "compressed")] == ["sdpa", "fa2"]
+    assert [v.role for v in key_variants("triton", "selected")] == ["baseline", "candidate"]
