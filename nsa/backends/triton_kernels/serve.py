@@ -44,6 +44,30 @@ def _put(dst, a, b, HALF: tl.constexpr, BH: tl.constexpr):
 
 
 @triton.jit
+def _rotate_to(row, col, dst, COS, SIN, pos, HALF: tl.constexpr, BH: tl.constexpr, ROPE: tl.constexpr):
+    """One head's vector from columns `col ..` of P's row to `dst`, rotated (ROPE) at `pos`."""
+    a, b = _halves(row, col, COS, SIN, pos, HALF, BH, ROPE)
+    _put(dst, a, b, HALF, BH)
+
+
+@triton.jit
+def _block_mean(row, col, RING, DST, b, pos, h, COS, SIN, HKV: tl.constexpr, HALF: tl.constexpr, BH: tl.constexpr,
+                CMP_BLOCK: tl.constexpr, ROPE: tl.constexpr):
+    """The compressed token (mean `phi`, in fp32 as avg_compress) of the block ending at `pos`, for
+    KV head `h` of K or V: the new token as the ring will hold it (rounded to the cache's dtype)
+    plus the `CMP_BLOCK - 1` tokens before it, read from the ring; stored at `DST`."""
+    a1, a2 = _halves(row, col, COS, SIN, pos, HALF, BH, ROPE)
+    a1 = a1.to(RING.dtype.element_ty).to(tl.float32)
+    a2 = a2.to(RING.dtype.element_ty).to(tl.float32)
+    i = tl.arange(0, BH)
+    for back in range(1, CMP_BLOCK):
+        src = RING + ((b.to(tl.int64) * CMP_BLOCK + (pos - back) % CMP_BLOCK) * HKV + h) * (2 * HALF)
+        a1 += tl.load(src + i, mask=i < HALF, other=0.0).to(tl.float32)
+        a2 += tl.load(src + HALF + i, mask=i < HALF, other=0.0).to(tl.float32)
+    _put(DST, a1 / CMP_BLOCK, a2 / CMP_BLOCK, HALF, BH)
+
+
+@triton.jit
 def _serve_prologue(P, LEN, POS, PT, COS, SIN, QO, GO, KPOOL, VPOOL, KWIN, VWIN, KRING, VRING, KCMP, VCMP, spb, spt,
                     HQ: tl.constexpr, HKV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                     BHK: tl.constexpr, BHV: tl.constexpr, BG: tl.constexpr,
@@ -59,38 +83,36 @@ def _serve_prologue(P, LEN, POS, PT, COS, SIN, QO, GO, KPOOL, VPOOL, KWIN, VWIN,
     HV: tl.constexpr = DV // 2
     NW: tl.constexpr = NROLE * 2 * HKV
     if j < HQ:
-        x1, x2 = _halves(row, j * DK, COS, SIN, pos, HK, BHK, ROPE)
-        _put(QO + (b * HQ + j).to(tl.int64) * DK, x1, x2, HK, BHK)
+        _rotate_to(row, j * DK, QO + (b * HQ + j).to(tl.int64) * DK, COS, SIN, pos, HK, BHK, ROPE)
     elif j < HQ + NW:
         w = j - HQ
         role = w // (2 * HKV)          # 0: sel (pool), 1: cmp (ring), 2: win (ring)
         is_v = (w // HKV) % 2
         h = w % HKV
+        # The destination row (of `[rows, HKV, D]`) of this token in the role's buffer.
         if role == 0:
             page = tl.load(PT + b * spt + pos // PAGE)
-            prow = page.to(tl.int64) * PAGE + pos % PAGE
-            if is_v == 0:
-                k1, k2 = _halves(row, OK_SEL + h * DK, COS, SIN, pos, HK, BHK, ROPE)
-                _put(KPOOL + (prow * HKV + h) * DK, k1, k2, HK, BHK)
-            else:
-                v1, v2 = _halves(row, OV_SEL + h * DV, COS, SIN, pos, HV, BHV, False)
-                _put(VPOOL + (prow * HKV + h) * DV, v1, v2, HV, BHV)
+            r = (page.to(tl.int64) * PAGE + pos % PAGE) * HKV + h
         elif role == 1:
             r = (b.to(tl.int64) * CMP_BLOCK + pos % CMP_BLOCK) * HKV + h
-            if is_v == 0:
-                k1, k2 = _halves(row, OK_CMP + h * DK, COS, SIN, pos, HK, BHK, ROPE)
-                _put(KRING + r * DK, k1, k2, HK, BHK)
-            else:
-                v1, v2 = _halves(row, OV_CMP + h * DV, COS, SIN, pos, HV, BHV, False)
-                _put(VRING + r * DV, v1, v2, HV, BHV)
         else:
             r = (b.to(tl.int64) * W + pos % W) * HKV + h
+        # K heads are rotated, V heads copied; each role reads its own columns of P.
+        if role == 0:
             if is_v == 0:
-                k1, k2 = _halves(row, OK_WIN + h * DK, COS, SIN, pos, HK, BHK, ROPE)
-                _put(KWIN + r * DK, k1, k2, HK, BHK)
+                _rotate_to(row, OK_SEL + h * DK, KPOOL + r * DK, COS, SIN, pos, HK, BHK, ROPE)
             else:
-                v1, v2 = _halves(row, OV_WIN + h * DV, COS, SIN, pos, HV, BHV, False)
-                _put(VWIN + r * DV, v1, v2, HV, BHV)
+                _rotate_to(row, OV_SEL + h * DV, VPOOL + r * DV, COS, SIN, pos, HV, BHV, False)
+        elif role == 1:
+            if is_v == 0:
+                _rotate_to(row, OK_CMP + h * DK, KRING + r * DK, COS, SIN, pos, HK, BHK, ROPE)
+            else:
+                _rotate_to(row, OV_CMP + h * DV, VRING + r * DV, COS, SIN, pos, HV, BHV, False)
+        else:
+            if is_v == 0:
+                _rotate_to(row, OK_WIN + h * DK, KWIN + r * DK, COS, SIN, pos, HK, BHK, ROPE)
+            else:
+                _rotate_to(row, OV_WIN + h * DV, VWIN + r * DV, COS, SIN, pos, HV, BHV, False)
     elif j == HQ + NW:
         ig = tl.arange(0, BG)
         g = tl.load(row + OG + ig, mask=ig < HQ * 3, other=0.0).to(tl.float32)
@@ -104,28 +126,13 @@ def _serve_prologue(P, LEN, POS, PT, COS, SIN, QO, GO, KPOOL, VPOOL, KWIN, VWIN,
         start = pos + 1 - CMP_BLOCK
         n = start // STRIDE
         if (start >= 0) & (start % STRIDE == 0) & (n < NC):
-            # The block's mean in fp32 (avg_compress): the new token as the ring will hold it
-            # (rounded to the cache's dtype), plus the CMP_BLOCK - 1 tokens before it from the ring.
+            slot = (b.to(tl.int64) * NC + n) * HKV + h
             if is_v == 0:
-                a1, a2 = _halves(row, OK_CMP + h * DK, COS, SIN, pos, HK, BHK, ROPE)
-                a1 = a1.to(KRING.dtype.element_ty).to(tl.float32)
-                a2 = a2.to(KRING.dtype.element_ty).to(tl.float32)
-                i = tl.arange(0, BHK)
-                for back in range(1, CMP_BLOCK):
-                    src = KRING + ((b.to(tl.int64) * CMP_BLOCK + (pos - back) % CMP_BLOCK) * HKV + h) * DK
-                    a1 += tl.load(src + i, mask=i < HK, other=0.0).to(tl.float32)
-                    a2 += tl.load(src + HK + i, mask=i < HK, other=0.0).to(tl.float32)
-                _put(KCMP + ((b.to(tl.int64) * NC + n) * HKV + h) * DK, a1 / CMP_BLOCK, a2 / CMP_BLOCK, HK, BHK)
+                _block_mean(row, OK_CMP + h * DK, KRING, KCMP + slot * DK, b, pos, h, COS, SIN, HKV, HK, BHK,
+                            CMP_BLOCK, ROPE)
             else:
-                u1, u2 = _halves(row, OV_CMP + h * DV, COS, SIN, pos, HV, BHV, False)
-                u1 = u1.to(VRING.dtype.element_ty).to(tl.float32)
-                u2 = u2.to(VRING.dtype.element_ty).to(tl.float32)
-                iv = tl.arange(0, BHV)
-                for back in range(1, CMP_BLOCK):
-                    vsrc = VRING + ((b.to(tl.int64) * CMP_BLOCK + (pos - back) % CMP_BLOCK) * HKV + h) * DV
-                    u1 += tl.load(vsrc + iv, mask=iv < HV, other=0.0).to(tl.float32)
-                    u2 += tl.load(vsrc + HV + iv, mask=iv < HV, other=0.0).to(tl.float32)
-                _put(VCMP + ((b.to(tl.int64) * NC + n) * HKV + h) * DV, u1 / CMP_BLOCK, u2 / CMP_BLOCK, HV, BHV)
+                _block_mean(row, OV_CMP + h * DV, VRING, VCMP + slot * DV, b, pos, h, COS, SIN, HKV, HV, BHV,
+                            CMP_BLOCK, False)
 
 
 def np2(x: int) -> int:
