@@ -15,6 +15,7 @@ takes no fusion whose output a gradient must flow through (docs/nsa.md, "Trainin
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +28,9 @@ from nsa.compression import MLPCompressor, avg_compress
 from nsa.config import NSAConfig
 from nsa.masks import n_compressed
 from nsa.rope import apply_rope
+
+if TYPE_CHECKING:
+    from nsa.serving import PagedCache
 
 BRANCHES = ("cmp", "sel", "win")
 __all__ = ["BRANCHES", "NSAAttention", "NSACache", "ReadCounts", "decode_read_budget"]
@@ -531,7 +535,7 @@ class NSAAttention(nn.Module):
                 return
 
     # --- decode -------------------------------------------------------------------------------
-    def step(self, x_t: Tensor, cache: NSACache, branches: Sequence[str] = BRANCHES) -> Tensor:
+    def step(self, x_t: Tensor, cache: NSACache | PagedCache, branches: Sequence[str] = BRANCHES) -> Tensor:
         """One decode step: `x_t [B, 1, dim]` at position `t = cache.length` -> `[B, 1, dim]`.
 
         Reads: the compressed stream (`n_cmp(t)` tokens), the selected blocks' raw tokens `<= t`
@@ -540,9 +544,21 @@ class NSAAttention(nn.Module):
 
         Every backend, gradients included, one length for the batch; each call plans and launches
         from the host (milliseconds of host time on a GPU). A generation loop on CUDA should use
-        `nsa.serving.PagedCache`, whose step replays one CUDA graph (docs/nsa.md, "Serving").
+        `nsa.serving.PagedCache`, whose step replays one CUDA graph (docs/nsa.md, "Serving"):
+        given one as `cache`, this is `cache.step(x_t)` (`x_t [max_seqs, 1, dim]`, every branch).
         """
         c = self.config
+        if not isinstance(cache, NSACache):
+            from nsa.serving import PagedCache
+
+            if isinstance(cache, PagedCache):
+                if cache.layer is not self:
+                    raise ValueError("this PagedCache holds another layer's K/V; step it with that layer, or "
+                                     "make a PagedCache of this one")
+                if tuple(branches) != BRANCHES:
+                    raise ValueError(f"a PagedCache step runs every branch {BRANCHES}, got {tuple(branches)!r}; "
+                                     "use an NSACache (attn.new_cache()) to run a subset")
+                return cache.step(x_t)
         _check_input(x_t, c)
         _check_branches(branches)
         self._check_cache(cache)

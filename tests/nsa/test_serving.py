@@ -268,3 +268,23 @@ def test_a_slot_prefilled_in_chunks_equals_one_prefill(kv, seed):
             x_t = torch.cat([x[:, i:i + 1], torch.zeros(1, 1, 32, device=DEV)])
             a, b = (cache.step(x_t) for cache in caches)
             assert rel_err(b, a) < 1e-5
+
+
+def test_the_layer_steps_a_paged_cache_as_the_cache_does(seed):
+    """`attn.step(x_t, cache)` with a PagedCache is `cache.step(x_t)`: the same outputs and lengths;
+    another layer's cache, or a subset of branches, is refused with the fix."""
+    layer = _layer(seed=seed)
+    x = torch.randn(2, 30, 32, device=DEV)
+    caches = [PagedCache(layer, max_seqs=2, max_len=64) for _ in range(2)]
+    with torch.no_grad():
+        for cache in caches:
+            for s in range(2):
+                cache.prefill(x[s:s + 1, :20 + 3 * s], cache.add())
+        for i in range(3):
+            x_t = x[:, 26 + i:27 + i]
+            assert torch.equal(layer.step(x_t, caches[0]), caches[1].step(x_t))
+        assert caches[0].lens == caches[1].lens == [23, 26]
+        with pytest.raises(ValueError, match="runs every branch"):
+            layer.step(x[:, :1], caches[0], branches=("win",))
+        with pytest.raises(ValueError, match="another layer's K/V"):
+            _layer(seed=seed + 1).step(x[:, :1], caches[0])
