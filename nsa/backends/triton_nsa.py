@@ -100,7 +100,21 @@ def unsupported_reason(call: AttnCall) -> str | None:
         return f"the triton selection kernel needs sel_block a power of two >= 16, got {call.sel_block}"
     if call.op == "sliding" and (call.window is None or call.window < 1):
         return f"the triton sliding kernel needs a window >= 1, got {call.window}"
+    if not call.grad:
+        # The forward kernels add a sequence's base offset in int64 but index rows inside it in
+        # int32 (a row times its stride); the training kernels index rows in int64.
+        spans = {name: 1 + sum((n - 1) * st for n, st in zip(x.shape[1:], x.stride()[1:], strict=True))
+                 for name, x in (("q", q), ("k", call.k), ("v", v))}
+        spans["the output"] = q.shape[1] * q.shape[2] * v.shape[-1]       # [B, Tq, Hq, dv], contiguous
+        for name, span in spans.items():
+            if span > _I32:
+                return (f"the triton forward kernels index within a sequence in 32 bits: {name} spans {span} elements "
+                        f"per sequence, more than 2^31 - 1; auto runs this call on another backend (or split the "
+                        "sequence into chunks with prefill(x, cache=))")
     return None
+
+
+_I32 = 2 ** 31 - 1
 
 
 def _require() -> None:

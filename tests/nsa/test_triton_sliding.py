@@ -105,3 +105,20 @@ def test_triton_sliding_bf16_paper_dims_on_gpu(seed):
     o = ops.sliding_window_attention(q[:, t:], k[:, t - 511:], v[:, t - 511:], window=512, backend="triton",
                                      q_start=t, k_start=t - 511)
     assert rel_err(o, ref[:, t:]) <= 2 * rel_err(base[:, t:], ref[:, t:]) + 1e-6
+
+
+def test_a_sequence_past_32_bit_offsets_is_refused_in_the_forward():
+    """The forward kernels index rows within a sequence in int32: a call whose q, K/V or output
+    spans more than 2^31 - 1 elements per sequence is refused with the reason (meta tensors: nothing
+    is allocated); the same call with gradients (int64 training kernels) and a smaller one pass."""
+    big = 2 ** 31 // (64 * 128) + 1                     # rows of 64 heads x 128 past 2^31 elements
+    q = torch.empty(1, big, 64, 128, device="meta", dtype=torch.bfloat16)
+    k = v = torch.empty(1, big, 4, 128, device="meta", dtype=torch.bfloat16)
+    reason = triton_nsa.unsupported_reason(AttnCall("sliding", q, k, v, 1.0, window=512))
+    assert "32 bits" in reason and "q spans" in reason and "another backend" in reason
+    assert triton_nsa.unsupported_reason(AttnCall("sliding", q, k, v, 1.0, window=512, grad=True)) is None
+    small = torch.empty(1, big - 2, 64, 128, device="meta", dtype=torch.bfloat16)
+    assert triton_nsa.unsupported_reason(AttnCall("sliding", small, k[:, :big - 2], v[:, :big - 2], 1.0, window=512)) is None
+    wide = torch.empty(1, 4, 64, 128, device="meta", dtype=torch.bfloat16)
+    long_kv = torch.empty(1, 2 ** 31 // (4 * 128) + 1, 4, 128, device="meta", dtype=torch.bfloat16)
+    assert "k spans" in triton_nsa.unsupported_reason(AttnCall("sliding", wide, long_kv, long_kv, 1.0, window=512))
