@@ -138,6 +138,14 @@ class PagedCache:
         if self.graph and self.device.type != "cuda":
             raise ValueError(f"graph=True needs a cache on a CUDA device, got {self.device}; pass graph=False")
         self._graph: _StepGraph | None = None
+        # The parameters a captured step reads where they are (o_proj, an MLP phi's; all of them on
+        # the torch prologue): a graph whose parameter was replaced by a new tensor captures again.
+        # The fused step's q, K/V and gate parameters are copied into its side-by-side weights.
+        copied = {(id(m), "weight") for m in self._weight_mods} | {(id(layer.gate), "bias")}
+        self._graph_params = [(m._parameters, n) for m in layer.modules() for n, p in m._parameters.items()
+                              if p is not None and (id(m), n) not in copied]
+        self._all_params = [(m._parameters, n) for m in layer.modules() for n, p in m._parameters.items()
+                            if p is not None]
         self._launch: dict[bool, _dec.DecodeLaunch] = {}
         self._scratch: dict[str, Tensor] = {}
         self._proj: Tensor | None = None
@@ -344,8 +352,8 @@ class PagedCache:
         On a CUDA cache (`graph=True`, the default there) the step without `blocks` is replayed
         from a CUDA graph captured at the first such step (the launches depend on the cache's sizes
         alone): the host's part is the page work, an input copy, one replay and an output copy.
-        Changing the layer's parameters in place is seen by the next step; replacing them with
-        tensors of another shape or dtype captures again."""
+        Changing the layer's parameters in place is seen by the next step; replacing one with a
+        new tensor is seen too (copied into the fused weights, or the graph is captured again)."""
         self._check_step(x_t)             # before prepare: a refused step takes no page
         self.prepare()
         if self.graph and blocks is None:
@@ -546,15 +554,18 @@ def import_blocks(topk_idx: Tensor, batch: int, q_len: int = 1) -> Tensor:
 
 class _StepGraph:
     """One CUDA graph of `PagedCache.step_device` (no `blocks`): captured at the first `run`, then
-    replayed at every later position (positions are read on the device). Captured again only when
-    the layer's side-by-side weights move to new storage (`PagedCache._weight_gen`); an in-place
-    change of the parameters is copied into the weights the graph reads before the replay."""
+    replayed at every later position (positions are read on the device). An in-place change of the
+    parameters reaches the replay (the fused step's q, K/V and gate weights are copied into the
+    side-by-side weights it reads first); it is captured again when the side-by-side weights move
+    to new storage (`PagedCache._weight_gen`) or a parameter it reads where it is (o_proj, an MLP
+    `phi`'s; every one on the torch prologue) is replaced by another tensor."""
 
     def __init__(self, cache: PagedCache, warmup: int) -> None:
         self.cache, self.warmup = cache, warmup
         self.graph: torch.cuda.CUDAGraph | None = None
         self.captures = 0
         self._gen = -1
+        self._ptrs: tuple[int, ...] = ()
         self._x: Tensor | None = None
         self._out: Tensor | None = None
 
@@ -563,8 +574,11 @@ class _StepGraph:
         cache = self.cache
         if cache.fused:
             cache._fused_weights()
-        if self.graph is None or self._gen != cache._weight_gen:
+        held = cache._graph_params if cache.fused else cache._all_params
+        ptrs = tuple(d[n].data_ptr() for d, n in held)
+        if self.graph is None or self._gen != cache._weight_gen or ptrs != self._ptrs:
             self._capture(x_t)
+            self._ptrs = ptrs
         self._x.copy_(x_t)
         self.graph.replay()
         return self._out.clone()

@@ -224,8 +224,9 @@ def test_graphed_decode_replays_at_every_position_without_recapture(dtype, seed)
 @pytest.mark.gpu
 def test_a_graphed_step_sees_parameters_changed_in_place(seed):
     """The cache's own graph (the default on CUDA) reads the layer's weights side by side: a change
-    of the parameters in place, or a parameter replaced by one of the same shape, reaches the next
-    replay (the eager step's outputs, bit for bit) without a new capture."""
+    of the parameters in place, or a projection's parameter replaced by one of the same shape,
+    reaches the next replay (the eager step's outputs, bit for bit) without a new capture; o_proj's
+    weight replaced by a new tensor (read where it is) captures once more."""
     torch.manual_seed(seed)
     cfg = NSAConfig(dim=256, n_heads=16, n_kv_heads=2, head_dim_qk=64, head_dim_v=64)
     layer = NSAAttention(cfg, backend="triton").to("cuda", torch.bfloat16)
@@ -241,10 +242,13 @@ def test_a_graphed_step_sees_parameters_changed_in_place(seed):
                 layer.gate.bias.add_(1.0)
             if i == 8:
                 layer.k_proj["sel"].weight = torch.nn.Parameter(torch.randn_like(layer.k_proj["sel"].weight) * 0.05)
+            if i == 10:
+                assert caches[1]._graph.captures == 1
+                layer.o_proj.weight = torch.nn.Parameter(layer.o_proj.weight * 2)
             x_t = x[:, 250 + i:251 + i]
             a, b = (cache.step(x_t) for cache in caches)
             assert torch.equal(a, b), i
-        assert caches[1]._graph.captures == 1
+        assert caches[1]._graph.captures == 2
 
 
 @pytest.mark.parametrize("kv", ["separate", "shared"])
