@@ -85,6 +85,19 @@ def why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:500]
 
 
+def file_build_error(work, variants, exc: BaseException) -> None:
+    """A suite's build raised: every variant not yet filed is `skipped` (out of memory) or
+    `failed` with the exception, and nothing is left to time."""
+    for v in variants:
+        if v.key not in work.reasons and v.key not in work.failures:
+            if is_oom(exc):
+                work.reasons[v.key] = f"out of memory while building the inputs: {why(exc)}"
+            else:
+                work.failures[v.key] = f"building the inputs raised {why(exc)}"
+    work.fns.clear()
+    work.setups.clear()
+
+
 def release(device: str) -> None:
     gc.collect()
     if device == "cuda":

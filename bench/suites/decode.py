@@ -323,7 +323,7 @@ def _label(ran: dict[str, str]) -> str:
 
 
 def build(cell: Cell, device) -> Workload:
-    from bench.runner import is_oom, release, why
+    from bench.runner import file_build_error, release
 
     p = cell.params
     backend = p.get("nsa_backend", "auto")
@@ -341,14 +341,7 @@ def build(cell: Cell, device) -> Workload:
             raise ValueError(f"nsa_backend must be one of {NSA_BACKENDS}, got {backend!r}; fix the decode grid")
         _populate(work, cell, device, backend, steps)
     except Exception as exc:  # noqa: BLE001 - filed here so every case keeps the backend label set above
-        for v in cell.variants:
-            if v.key not in work.reasons and v.key not in work.failures:
-                if is_oom(exc):
-                    work.reasons[v.key] = f"out of memory while building the inputs: {why(exc)}"
-                else:
-                    work.failures[v.key] = f"building the inputs raised {why(exc)}"
-        work.fns.clear()
-        work.setups.clear()
+        file_build_error(work, cell.variants, exc)
         work.captures.clear()
     else:
         return work

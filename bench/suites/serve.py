@@ -66,20 +66,13 @@ def lengths(p: dict[str, Any]) -> list[int]:
 
 
 def build(cell: Cell, device) -> Workload:
-    from bench.runner import is_oom, release, why
+    from bench.runner import file_build_error, release
 
     work = Workload(fns={}, backends={v.key: v.backend for v in cell.variants}, dtype=cell.params["dtype"])
     try:
         _populate(work, cell, device)
     except Exception as exc:  # noqa: BLE001 - filed per variant, as bench.suites.decode does
-        for v in cell.variants:
-            if v.key not in work.reasons and v.key not in work.failures:
-                if is_oom(exc):
-                    work.reasons[v.key] = f"out of memory while building the inputs: {why(exc)}"
-                else:
-                    work.failures[v.key] = f"building the inputs raised {why(exc)}"
-        work.fns.clear()
-        work.setups.clear()
+        file_build_error(work, cell.variants, exc)
         release(device.type)
     return work
 
