@@ -166,7 +166,7 @@ def _populate(work: Workload, cell: Cell, device) -> None:
             setup_contig()
             paged, dense = cache.step(x_t), attn.step(x_t, state["cache"])
             restore()
-            err = float((paged.float() - dense.float()).abs().max() / dense.float().abs().max().clamp(min=1e-6))
+            err = _max_rel(paged, dense)
             if not err < 2e-2:
                 for v in cell.variants:
                     work.failures[v.key] = f"the paged step differs from the contiguous step by {err:.3g} (max rel)"
@@ -185,13 +185,14 @@ def _fa3(work: Workload, keys: dict[str, str], q, cache, scale: float) -> None:
     """`dense_fa3_paged` and `dense_fa3`: FA-3's kvcache kernel over the paged cache's pool, block
     table and lengths, and over a contiguous copy of the same tokens (`[B, longest, Hkv, D]`, each
     sequence its own `cache_seqlens`). Each is checked against dense attention of every sequence
-    (fp32 SDPA over its tokens read from the pages) before it is timed; a variant that raises or
+    (fp32 math SDPA over its tokens read from the pages, `dense_decode`) before it is timed; a variant that raises or
     differs is filed alone, the cell's other variants go on."""
     import torch
-    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend
 
     from bench import dense_fa3
     from bench.runner import why
+    from bench.suites.decode import dense_decode
 
     paged, contig = keys["dense_fa3_paged"], keys["dense_fa3"]
     work.backends[paged], work.backends[contig] = f"{dense_fa3.NAME}_paged", dense_fa3.NAME
@@ -221,16 +222,19 @@ def _fa3(work: Workload, keys: dict[str, str], q, cache, scale: float) -> None:
                 work.failures[key] = f"FA-3 raised {why(exc)}"
             continue
         for b, (k, v) in enumerate(seqs):
-            ref = F.scaled_dot_product_attention(
-                q[b:b + 1].float().transpose(1, 2), k.float().transpose(0, 1)[None], v.float().transpose(0, 1)[None],
-                scale=scale, enable_gqa=True).transpose(1, 2)
-            err = float((out[b:b + 1].float() - ref).abs().max() / ref.abs().max().clamp(min=1e-6))
+            ref = dense_decode(q[b:b + 1].float(), k.float()[None], v.float()[None], SDPBackend.MATH, scale)
+            err = _max_rel(out[b:b + 1], ref)
             if not err < 2e-2:
                 work.failures[key] = f"FA-3 differs from dense attention of sequence {b} by {err:.3g} (max rel)"
                 break
         else:
             work.fns[key] = fn
     del seqs
+
+
+def _max_rel(out, ref) -> float:
+    """Largest absolute difference of `out` from `ref`, relative to `ref`'s largest magnitude."""
+    return float((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp(min=1e-6))
 
 
 def _restorer(cache):
